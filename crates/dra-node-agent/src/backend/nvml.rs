@@ -1,0 +1,311 @@
+//! The NVML backend: libnvidia-ml is loaded with dlopen when the backend is created, so the
+//! same binary runs on nodes without a GPU (with `--backend fake`) and fails with a message
+//! naming the library when NVML is missing.
+//!
+//! PCIe root and NUMA node come from sysfs (`/sys/bus/pci/devices/<bus id>`), as NVML does
+//! not report them. MIG: the current mode is reported; enumerating GPU-instance profiles
+//! and placements needs NVML calls nvml-wrapper 0.13 does not wrap, so NVML-discovered GPUs
+//! publish no partitions yet (the fake backend does).
+
+use super::{BackendError, GpuBackend};
+use crate::config::{Sharing, SharingStrategy};
+use crate::device::{Gpu, MigEngines, MigInfo};
+use crate::health::HealthEvent;
+use nvml_wrapper::Nvml;
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError;
+use std::path::Path;
+use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// The library NVML is loaded from.
+pub const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
+
+pub struct NvmlBackend {
+    nvml: Arc<Nvml>,
+    sysfs: std::path::PathBuf,
+}
+
+fn nvml_err(call: &str) -> impl Fn(NvmlError) -> BackendError + '_ {
+    move |e| BackendError::Nvml {
+        call: call.to_string(),
+        reason: e.to_string(),
+    }
+}
+
+impl NvmlBackend {
+    /// Loads and initialises NVML.
+    pub fn new() -> Result<NvmlBackend, BackendError> {
+        let nvml = Nvml::init().map_err(|e| match e {
+            NvmlError::LibloadingError(inner) => BackendError::LibraryMissing {
+                library: NVML_LIBRARY.into(),
+                reason: inner.to_string(),
+            },
+            NvmlError::DriverNotLoaded => BackendError::LibraryMissing {
+                library: NVML_LIBRARY.into(),
+                reason: "the NVIDIA kernel driver is not loaded".into(),
+            },
+            other => BackendError::Nvml {
+                call: "nvmlInit_v2".into(),
+                reason: other.to_string(),
+            },
+        })?;
+        Ok(NvmlBackend {
+            nvml: Arc::new(nvml),
+            sysfs: "/sys/bus/pci/devices".into(),
+        })
+    }
+}
+
+/// NVML's bus id (`00000000:3B:00.0`) in the kernel's form (`0000:3b:00.0`).
+pub fn kernel_bus_id(nvml_bus_id: &str) -> String {
+    let lower = nvml_bus_id.to_ascii_lowercase();
+    match lower.split_once(':') {
+        Some((domain, rest)) if domain.len() > 4 => {
+            format!("{}:{rest}", &domain[domain.len() - 4..])
+        }
+        _ => lower,
+    }
+}
+
+/// The PCIe root complex of a device, from the sysfs path it resolves to:
+/// `/sys/devices/pci0000:3a/0000:3a:00.0/.../0000:3b:00.0` → `pci0000:3a`.
+pub fn pcie_root_from_sysfs(resolved: &Path) -> Option<String> {
+    resolved
+        .components()
+        .filter_map(|c| c.as_os_str().to_str())
+        .find(|s| s.starts_with("pci") && s.len() > 3)
+        .map(str::to_string)
+}
+
+/// NUMA node from sysfs: `-1` (no NUMA information) means unknown.
+pub fn numa_from_sysfs(text: &str) -> Option<i64> {
+    text.trim().parse::<i64>().ok().filter(|n| *n >= 0)
+}
+
+impl GpuBackend for NvmlBackend {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn discover(&self) -> Result<Vec<Gpu>, BackendError> {
+        let n = &self.nvml;
+        let driver_version = n
+            .sys_driver_version()
+            .map_err(nvml_err("nvmlSystemGetDriverVersion"))?;
+        let cuda = n
+            .sys_cuda_driver_version()
+            .map_err(nvml_err("nvmlSystemGetCudaDriverVersion"))?;
+        let cuda_driver_version = format!("{}.{}", cuda / 1000, (cuda % 1000) / 10);
+        let count = n.device_count().map_err(nvml_err("nvmlDeviceGetCount"))?;
+        let mut gpus = Vec::new();
+        for i in 0..count {
+            let d = n
+                .device_by_index(i)
+                .map_err(nvml_err("nvmlDeviceGetHandleByIndex"))?;
+            let pci = d.pci_info().map_err(nvml_err("nvmlDeviceGetPciInfo"))?;
+            let bus = kernel_bus_id(&pci.bus_id);
+            let sys = self.sysfs.join(&bus);
+            let cc = d
+                .cuda_compute_capability()
+                .map_err(nvml_err("nvmlDeviceGetCudaComputeCapability"))?;
+            let mig = match d.mig_mode() {
+                Ok(mode) => Some(MigInfo {
+                    enabled: mode.current == 1,
+                    memory_slices: 0,
+                    engines: MigEngines::default(),
+                    profiles: Vec::new(),
+                }),
+                Err(NvmlError::NotSupported) => None,
+                Err(e) => return Err(nvml_err("nvmlDeviceGetMigMode")(e)),
+            };
+            gpus.push(Gpu {
+                minor: d
+                    .minor_number()
+                    .map_err(nvml_err("nvmlDeviceGetMinorNumber"))?,
+                uuid: d.uuid().map_err(nvml_err("nvmlDeviceGetUUID"))?,
+                product_name: d.name().map_err(nvml_err("nvmlDeviceGetName"))?,
+                brand: format!("{:?}", d.brand().map_err(nvml_err("nvmlDeviceGetBrand"))?),
+                architecture: d
+                    .architecture()
+                    .map_err(nvml_err("nvmlDeviceGetArchitecture"))?
+                    .to_string(),
+                cuda_compute_capability: format!("{}.{}", cc.major, cc.minor),
+                driver_version: driver_version.clone(),
+                cuda_driver_version: cuda_driver_version.clone(),
+                pci_bus_id: bus,
+                pcie_root: std::fs::canonicalize(&sys)
+                    .ok()
+                    .and_then(|p| pcie_root_from_sysfs(&p)),
+                numa_node: std::fs::read_to_string(sys.join("numa_node"))
+                    .ok()
+                    .and_then(|t| numa_from_sysfs(&t)),
+                memory_bytes: d
+                    .memory_info()
+                    .map_err(nvml_err("nvmlDeviceGetMemoryInfo"))?
+                    .total,
+                mig,
+            });
+        }
+        gpus.sort_by_key(|g| g.minor);
+        Ok(gpus)
+    }
+
+    fn watch_health(&self, events: UnboundedSender<HealthEvent>) -> Result<(), BackendError> {
+        let nvml = self.nvml.clone();
+        std::thread::Builder::new()
+            .name("nvml-events".into())
+            .spawn(move || {
+                if let Err(e) = watch_events(&nvml, &events) {
+                    tracing::error!(error = %e, "NVML health watch stopped");
+                }
+            })
+            .map_err(|e| BackendError::Nvml {
+                call: "spawn event thread".into(),
+                reason: e.to_string(),
+            })?;
+        Ok(())
+    }
+
+    fn apply_sharing(&self, gpu: &Gpu, sharing: &Sharing) -> Result<(), BackendError> {
+        match sharing.strategy {
+            SharingStrategy::TimeSlicing => {
+                let interval = sharing
+                    .time_slicing_config
+                    .as_ref()
+                    .map(|t| t.interval)
+                    .unwrap_or_default();
+                set_timeslice(gpu, interval.nvml_value())
+            }
+            // MPS needs a control daemon per claim; not started by this agent yet. The CDI
+            // spec still carries the MPS environment.
+            SharingStrategy::Mps => {
+                tracing::warn!(
+                    gpu = gpu.minor,
+                    "MPS requested: control daemon not managed by this agent"
+                );
+                Ok(())
+            }
+        }
+    }
+
+    fn reset_sharing(&self, gpu: &Gpu) -> Result<(), BackendError> {
+        set_timeslice(gpu, 0)
+    }
+}
+
+/// NVML has no wrapped call for the time-slice policy; nvidia-smi sets it.
+fn set_timeslice(gpu: &Gpu, value: u32) -> Result<(), BackendError> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args([
+            "compute-policy",
+            "-i",
+            &gpu.uuid,
+            &format!("--set-timeslice={value}"),
+        ])
+        .output()
+        .map_err(|e| BackendError::Sharing {
+            gpu: gpu.device_name(),
+            reason: format!("running nvidia-smi: {e}"),
+        })?;
+    if !out.status.success() {
+        return Err(BackendError::Sharing {
+            gpu: gpu.device_name(),
+            reason: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
+fn watch_events(nvml: &Nvml, tx: &UnboundedSender<HealthEvent>) -> Result<(), NvmlError> {
+    let mut set = nvml.create_event_set()?;
+    let count = nvml.device_count()?;
+    let mut minors = Vec::new();
+    for i in 0..count {
+        let d = nvml.device_by_index(i)?;
+        let minor = d.minor_number()?;
+        minors.push((d.uuid()?, minor));
+        let supported = d.supported_event_types().unwrap_or(EventTypes::empty());
+        let wanted =
+            supported & (EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR);
+        if !wanted.is_empty() {
+            set = d.register_events(wanted, set).map_err(|e| e.error)?;
+        }
+    }
+    loop {
+        match set.wait(5000) {
+            Ok(ev) => {
+                let uuid = ev.device.uuid().unwrap_or_default();
+                let Some(&(_, minor)) = minors.iter().find(|(u, _)| *u == uuid) else {
+                    continue;
+                };
+                let event = if ev.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
+                    HealthEvent::Ecc { minor }
+                } else {
+                    match ev.event_data {
+                        Some(XidError::Value(xid)) => HealthEvent::Xid { minor, xid },
+                        _ => continue,
+                    }
+                };
+                if tx.send(event).is_err() {
+                    return Ok(());
+                }
+            }
+            Err(NvmlError::Timeout) => {
+                // Poll each GPU: one that stopped answering is lost.
+                for (uuid, minor) in &minors {
+                    if let Err(NvmlError::GpuLost) = nvml.device_by_uuid(uuid.as_str()) {
+                        let _ = tx.send(HealthEvent::Lost { minor: *minor });
+                    }
+                }
+                if tx.is_closed() {
+                    return Ok(());
+                }
+            }
+            Err(NvmlError::GpuLost) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_id_is_converted_to_kernel_form() {
+        assert_eq!(kernel_bus_id("00000000:3B:00.0"), "0000:3b:00.0");
+        assert_eq!(kernel_bus_id("0000:3b:00.0"), "0000:3b:00.0");
+    }
+
+    #[test]
+    fn pcie_root_comes_from_the_resolved_sysfs_path() {
+        let p = Path::new("/sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0");
+        assert_eq!(pcie_root_from_sysfs(p).as_deref(), Some("pci0000:3a"));
+        assert_eq!(
+            pcie_root_from_sysfs(Path::new("/sys/devices/platform/x")),
+            None
+        );
+    }
+
+    #[test]
+    fn unknown_numa_is_none() {
+        assert_eq!(numa_from_sysfs("-1\n"), None);
+        assert_eq!(numa_from_sysfs("1\n"), Some(1));
+    }
+
+    /// No GPU here: loading NVML fails with a message naming the library.
+    #[test]
+    fn missing_library_is_named() {
+        if std::path::Path::new("/dev/nvidiactl").exists() {
+            return; // a GPU machine: nothing to check here
+        }
+        let err = NvmlBackend::new().err().expect("no NVML on this machine");
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("libnvidia-ml.so.1 could not be loaded: "),
+            "{msg}"
+        );
+    }
+}

@@ -1,0 +1,519 @@
+//! The stateful side of NodePrepareResources / NodeUnprepareResources: reads claims, runs
+//! the pure plan from [`crate::claim`], applies sharing, writes CDI specs, and records every
+//! step in the checkpoint so a restart in the middle continues correctly.
+
+use crate::backend::GpuBackend;
+use crate::cdi;
+use crate::checkpoint::{self, CheckpointData, ClaimEntry, ClaimState, Loaded};
+use crate::claim::{ClaimRef, PlanContext, PreparedDevice, plan_claim};
+use crate::device::Gpu;
+use crate::metrics::Metrics;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+/// Where claims are read from: the API server, or a fixed map (unit tests, dry runs).
+#[derive(Clone)]
+pub enum ClaimSource {
+    Api(kube::Client),
+    Static(Arc<Mutex<HashMap<(String, String), ResourceClaim>>>),
+}
+
+impl ClaimSource {
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+        match self {
+            ClaimSource::Api(client) => {
+                let api: kube::Api<ResourceClaim> =
+                    kube::Api::namespaced(client.clone(), namespace);
+                api.get(name)
+                    .await
+                    .map_err(|e| format!("reading claim {namespace}/{name}: {e}"))
+            }
+            ClaimSource::Static(map) => map
+                .lock()
+                .unwrap()
+                .get(&(namespace.to_string(), name.to_string()))
+                .cloned()
+                .ok_or_else(|| format!("reading claim {namespace}/{name}: not found")),
+        }
+    }
+}
+
+/// Fixed settings of a preparer.
+#[derive(Debug, Clone)]
+pub struct PreparerConfig {
+    pub driver: String,
+    pub node: String,
+    pub cdi_dir: PathBuf,
+    pub checkpoint_path: PathBuf,
+    pub mps_dir: PathBuf,
+    pub boot_id: String,
+}
+
+/// What [`Preparer::open`] found in the checkpoint, for logs and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recovery {
+    Fresh,
+    Resumed {
+        claims: usize,
+    },
+    /// The checkpoint was from an earlier boot; its claims were dropped.
+    Rebooted {
+        dropped: usize,
+    },
+    /// The checkpoint was corrupt; it was moved to `moved_to` and every CDI spec of this
+    /// driver was removed.
+    Corrupt {
+        reason: String,
+        moved_to: PathBuf,
+    },
+}
+
+/// Prepares and unprepares claims. One per agent; calls are serialised.
+pub struct Preparer {
+    cfg: PreparerConfig,
+    kind: String,
+    backend: Arc<dyn GpuBackend>,
+    claims: ClaimSource,
+    inventory: Arc<RwLock<Vec<Gpu>>>,
+    state: tokio::sync::Mutex<CheckpointData>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl Preparer {
+    /// Loads the checkpoint and cleans up after a reboot or corruption: CDI specs of this
+    /// driver that no checkpointed claim owns are removed.
+    pub fn open(
+        cfg: PreparerConfig,
+        backend: Arc<dyn GpuBackend>,
+        claims: ClaimSource,
+        inventory: Arc<RwLock<Vec<Gpu>>>,
+        metrics: Option<Arc<Metrics>>,
+    ) -> anyhow::Result<(Preparer, Recovery)> {
+        let kind = cdi::claim_kind(&cfg.driver);
+        let (data, recovery) = match checkpoint::load(&cfg.checkpoint_path, &cfg.boot_id) {
+            Loaded::Missing => (CheckpointData::default(), Recovery::Fresh),
+            Loaded::Valid(d) => {
+                let n = d.claims.len();
+                (d, Recovery::Resumed { claims: n })
+            }
+            Loaded::PreviousBoot(d) => (
+                CheckpointData::default(),
+                Recovery::Rebooted {
+                    dropped: d.claims.len(),
+                },
+            ),
+            Loaded::Corrupt { reason } => {
+                let moved_to = cfg.checkpoint_path.with_extension("corrupt");
+                std::fs::rename(&cfg.checkpoint_path, &moved_to)?;
+                tracing::error!(
+                    checkpoint = %cfg.checkpoint_path.display(), %reason, moved_to = %moved_to.display(),
+                    "checkpoint is corrupt: starting empty and removing this driver's CDI specs; \
+                     kubelet will prepare running claims again when it retries"
+                );
+                // Sharing settings of unknown claims cannot be known: reset every GPU.
+                for gpu in inventory.read().unwrap().iter() {
+                    if let Err(e) = backend.reset_sharing(gpu) {
+                        tracing::warn!(gpu = gpu.minor, error = %e, "resetting sharing after corrupt checkpoint");
+                    }
+                }
+                (
+                    CheckpointData::default(),
+                    Recovery::Corrupt { reason, moved_to },
+                )
+            }
+        };
+        for uid in cdi::list_spec_claims(&cfg.cdi_dir, &kind)? {
+            if !data.claims.contains_key(&uid) {
+                tracing::info!(claim_uid = %uid, "removing stale CDI spec");
+                cdi::remove_spec(&cfg.cdi_dir, &kind, &uid)?;
+            }
+        }
+        checkpoint::store(&cfg.checkpoint_path, &cfg.boot_id, &data)?;
+        Ok((
+            Preparer {
+                cfg,
+                kind,
+                backend,
+                claims,
+                inventory,
+                state: tokio::sync::Mutex::new(data),
+                metrics,
+            },
+            recovery,
+        ))
+    }
+
+    /// The claims currently in the checkpoint, by UID.
+    pub async fn checkpointed(&self) -> CheckpointData {
+        self.state.lock().await.clone()
+    }
+
+    /// Prepares each claim; an error affects only its own claim.
+    pub async fn prepare(
+        &self,
+        claims: &[ClaimRef],
+    ) -> BTreeMap<String, Result<Vec<PreparedDevice>, String>> {
+        let mut state = self.state.lock().await;
+        let mut out = BTreeMap::new();
+        for c in claims {
+            let start = Instant::now();
+            let r = self.prepare_one(&mut state, c).await;
+            if let Some(m) = &self.metrics {
+                m.prepare_seconds.observe(start.elapsed().as_secs_f64());
+                if r.is_err() {
+                    m.prepare_errors.inc();
+                }
+            }
+            match &r {
+                Ok(d) => {
+                    tracing::info!(claim = %format!("{}/{}", c.namespace, c.name), uid = %c.uid, devices = d.len(), "prepared")
+                }
+                Err(e) => {
+                    tracing::warn!(claim = %format!("{}/{}", c.namespace, c.name), uid = %c.uid, error = %e, "prepare failed")
+                }
+            }
+            out.insert(c.uid.clone(), r);
+        }
+        out
+    }
+
+    async fn prepare_one(
+        &self,
+        state: &mut CheckpointData,
+        c: &ClaimRef,
+    ) -> Result<Vec<PreparedDevice>, String> {
+        if let Some(entry) = state.claims.get(&c.uid)
+            && entry.state == ClaimState::Prepared
+        {
+            // Idempotent: same answer, no API call; only put back a lost spec file.
+            if let Some(spec) = &entry.spec
+                && !cdi::spec_path(&self.cfg.cdi_dir, &self.kind, &c.uid).exists()
+            {
+                cdi::write_spec(&self.cfg.cdi_dir, &c.uid, spec)
+                    .map_err(|e| format!("rewriting CDI spec: {e}"))?;
+            }
+            return Ok(entry.devices.clone());
+        }
+        let claim = self.claims.get(&c.namespace, &c.name).await?;
+        let gpus = self.inventory.read().unwrap().clone();
+        let mps_dir = self.cfg.mps_dir.display().to_string();
+        let plan = plan_claim(
+            &claim,
+            c,
+            &PlanContext {
+                driver: &self.cfg.driver,
+                node: &self.cfg.node,
+                gpus: &gpus,
+                mps_dir: &mps_dir,
+            },
+        )?;
+        state.claims.insert(
+            c.uid.clone(),
+            ClaimEntry {
+                namespace: c.namespace.clone(),
+                name: c.name.clone(),
+                state: ClaimState::PrepareStarted,
+                devices: plan.devices.clone(),
+                sharing: plan.sharing.clone(),
+                spec: plan.spec.clone(),
+            },
+        );
+        self.save(state)?;
+        for s in &plan.sharing {
+            let gpu = gpus
+                .iter()
+                .find(|g| g.minor == s.minor)
+                .expect("planned from this inventory");
+            self.backend
+                .apply_sharing(gpu, &s.sharing)
+                .map_err(|e| e.to_string())?;
+        }
+        if let Some(spec) = &plan.spec {
+            cdi::write_spec(&self.cfg.cdi_dir, &c.uid, spec)
+                .map_err(|e| format!("writing CDI spec: {e}"))?;
+        }
+        state.claims.get_mut(&c.uid).expect("inserted above").state = ClaimState::Prepared;
+        self.save(state)?;
+        Ok(plan.devices)
+    }
+
+    /// Unprepares each claim; unknown claims are a success.
+    pub async fn unprepare(&self, claims: &[ClaimRef]) -> BTreeMap<String, Result<(), String>> {
+        let mut state = self.state.lock().await;
+        let mut out = BTreeMap::new();
+        for c in claims {
+            let start = Instant::now();
+            let r = self.unprepare_one(&mut state, c);
+            if let Some(m) = &self.metrics {
+                m.unprepare_seconds.observe(start.elapsed().as_secs_f64());
+                if r.is_err() {
+                    m.unprepare_errors.inc();
+                }
+            }
+            match &r {
+                Ok(()) => tracing::info!(uid = %c.uid, "unprepared"),
+                Err(e) => tracing::warn!(uid = %c.uid, error = %e, "unprepare failed"),
+            }
+            out.insert(c.uid.clone(), r);
+        }
+        out
+    }
+
+    fn unprepare_one(&self, state: &mut CheckpointData, c: &ClaimRef) -> Result<(), String> {
+        let Some(entry) = state.claims.get(&c.uid).cloned() else {
+            cdi::remove_spec(&self.cfg.cdi_dir, &self.kind, &c.uid)
+                .map_err(|e| format!("removing CDI spec: {e}"))?;
+            return Ok(());
+        };
+        let gpus = self.inventory.read().unwrap().clone();
+        for s in &entry.sharing {
+            // A GPU that vanished has no settings left to reset.
+            if let Some(gpu) = gpus.iter().find(|g| g.minor == s.minor) {
+                self.backend.reset_sharing(gpu).map_err(|e| e.to_string())?;
+            }
+        }
+        cdi::remove_spec(&self.cfg.cdi_dir, &self.kind, &c.uid)
+            .map_err(|e| format!("removing CDI spec: {e}"))?;
+        state.claims.remove(&c.uid);
+        self.save(state)
+    }
+
+    fn save(&self, state: &CheckpointData) -> Result<(), String> {
+        checkpoint::store(&self.cfg.checkpoint_path, &self.cfg.boot_id, state)
+            .map_err(|e| format!("writing checkpoint: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::fake::{FakeBackend, Profile};
+    use crate::claim::tests::{claim, gpus, with_config};
+    use crate::config::{SharingStrategy, TimeSliceInterval};
+    use serde_json::json;
+
+    struct Rig {
+        dir: tempfile::TempDir,
+        backend: FakeBackend,
+        claims: Arc<Mutex<HashMap<(String, String), ResourceClaim>>>,
+        inventory: Arc<RwLock<Vec<Gpu>>>,
+    }
+
+    impl Rig {
+        fn new() -> Rig {
+            let g = gpus("8x-h100-80gb-2numa-2nic.yaml");
+            let backend = FakeBackend::from_profile(Profile {
+                description: String::new(),
+                gpus: g.clone(),
+                nics: vec![],
+                health_events: vec![],
+            });
+            Rig {
+                dir: tempfile::tempdir().unwrap(),
+                backend,
+                claims: Arc::default(),
+                inventory: Arc::new(RwLock::new(g)),
+            }
+        }
+        fn cfg(&self, boot: &str) -> PreparerConfig {
+            PreparerConfig {
+                driver: "gpu.nvidia.com".into(),
+                node: "node-a".into(),
+                cdi_dir: self.dir.path().join("cdi"),
+                checkpoint_path: self.dir.path().join("plugin/checkpoint.json"),
+                mps_dir: self.dir.path().join("mps"),
+                boot_id: boot.into(),
+            }
+        }
+        fn open(&self, boot: &str) -> (Preparer, Recovery) {
+            Preparer::open(
+                self.cfg(boot),
+                Arc::new(self.backend.clone()),
+                ClaimSource::Static(self.claims.clone()),
+                self.inventory.clone(),
+                None,
+            )
+            .unwrap()
+        }
+        fn add(&self, name: &str, c: ResourceClaim) {
+            let mut c = c;
+            c.metadata.name = Some(name.into());
+            self.claims
+                .lock()
+                .unwrap()
+                .insert(("ns".into(), name.into()), c);
+        }
+        fn spec_files(&self) -> Vec<String> {
+            cdi::list_spec_claims(&self.dir.path().join("cdi"), "k8s.gpu.nvidia.com/claim").unwrap()
+        }
+    }
+
+    fn r(uid: &str, name: &str) -> ClaimRef {
+        ClaimRef {
+            namespace: "ns".into(),
+            uid: uid.into(),
+            name: name.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn prepare_writes_spec_and_is_idempotent_without_reading_the_claim_again() {
+        let rig = Rig::new();
+        rig.add("a", claim("u1", "node-a", &[("gpu", "gpu-1")]));
+        let (p, rec) = rig.open("b1");
+        assert_eq!(rec, Recovery::Fresh);
+        let first = p.prepare(&[r("u1", "a")]).await;
+        let devices = first["u1"].as_ref().unwrap();
+        assert_eq!(
+            devices[0].cdi_device_ids,
+            ["k8s.gpu.nvidia.com/claim=u1-gpu-1"]
+        );
+        let file = rig.dir.path().join("cdi/k8s.gpu.nvidia.com_claim_u1.json");
+        let spec: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        assert_eq!(spec["devices"][0]["name"], "u1-gpu-1");
+        assert_eq!(
+            spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"],
+            "/dev/nvidia1"
+        );
+        // The claim vanishing from the API does not matter: the checkpoint answers.
+        rig.claims.lock().unwrap().clear();
+        let second = p.prepare(&[r("u1", "a")]).await;
+        assert_eq!(first, second);
+    }
+
+    #[tokio::test]
+    async fn errors_are_per_claim() {
+        let rig = Rig::new();
+        rig.add("good", claim("u1", "node-a", &[("gpu", "gpu-0")]));
+        let mut unallocated = claim("u2", "node-a", &[]);
+        unallocated.status = None;
+        rig.add("unallocated", unallocated);
+        rig.add("elsewhere", claim("u3", "node-b", &[("gpu", "gpu-0")]));
+        rig.add(
+            "badconfig",
+            with_config(claim("u4", "node-a", &[("gpu", "gpu-2")]), "FromClaim", &[], json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "extra": true})),
+        );
+        let (p, _) = rig.open("b1");
+        let out = p
+            .prepare(&[
+                r("u1", "good"),
+                r("u2", "unallocated"),
+                r("u3", "elsewhere"),
+                r("u4", "badconfig"),
+                r("u5", "missing"),
+            ])
+            .await;
+        assert!(out["u1"].is_ok());
+        assert_eq!(
+            out["u2"].as_ref().unwrap_err(),
+            "claim ns/unallocated is not allocated"
+        );
+        assert_eq!(
+            out["u3"].as_ref().unwrap_err(),
+            "claim ns/elsewhere is allocated to node node-b, not to this node node-a"
+        );
+        assert!(
+            out["u4"]
+                .as_ref()
+                .unwrap_err()
+                .contains("unknown field `extra`")
+        );
+        assert_eq!(
+            out["u5"].as_ref().unwrap_err(),
+            "reading claim ns/missing: not found"
+        );
+        assert_eq!(rig.spec_files(), ["u1"]);
+        assert_eq!(
+            p.checkpointed().await.claims.keys().collect::<Vec<_>>(),
+            ["u1"]
+        );
+    }
+
+    #[tokio::test]
+    async fn sharing_is_applied_and_reset_and_unknown_unprepare_succeeds() {
+        let rig = Rig::new();
+        rig.add(
+            "ts",
+            with_config(claim("u1", "node-a", &[("gpu", "gpu-6")]), "FromClaim", &[], json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Medium"}}})),
+        );
+        let (p, _) = rig.open("b1");
+        assert!(p.prepare(&[r("u1", "ts")]).await["u1"].is_ok());
+        let s = &rig.backend.sharing()[&6];
+        assert_eq!(s.strategy, SharingStrategy::TimeSlicing);
+        assert_eq!(
+            s.time_slicing_config.as_ref().unwrap().interval,
+            TimeSliceInterval::Medium
+        );
+        let out = p.unprepare(&[r("u1", "ts"), r("nope", "x")]).await;
+        assert!(out.values().all(|r| r.is_ok()));
+        assert!(rig.backend.sharing().is_empty());
+        assert!(rig.spec_files().is_empty());
+        assert!(p.checkpointed().await.claims.is_empty());
+    }
+
+    #[tokio::test]
+    async fn restart_keeps_answers_and_crash_mid_prepare_is_redone() {
+        let rig = Rig::new();
+        rig.add("a", claim("u1", "node-a", &[("gpu", "gpu-1")]));
+        rig.add("b", claim("u2", "node-a", &[("gpu", "gpu-2")]));
+        let first = {
+            let (p, _) = rig.open("b1");
+            p.prepare(&[r("u1", "a")]).await
+        };
+        // Simulate a crash after "PrepareStarted" was recorded for u2.
+        let mut data = match checkpoint::load(&rig.cfg("b1").checkpoint_path, "b1") {
+            Loaded::Valid(d) => d,
+            other => panic!("{other:?}"),
+        };
+        let mut started = data.claims["u1"].clone();
+        started.state = ClaimState::PrepareStarted;
+        started.name = "b".into();
+        started.devices[0].device_name = "stale".into();
+        data.claims.insert("u2".into(), started);
+        checkpoint::store(&rig.cfg("b1").checkpoint_path, "b1", &data).unwrap();
+
+        let (p, rec) = rig.open("b1");
+        assert_eq!(rec, Recovery::Resumed { claims: 2 });
+        assert_eq!(p.prepare(&[r("u1", "a")]).await, first);
+        let redone = p.prepare(&[r("u2", "b")]).await;
+        assert_eq!(redone["u2"].as_ref().unwrap()[0].device_name, "gpu-2");
+        assert_eq!(rig.spec_files(), ["u1", "u2"]);
+    }
+
+    #[tokio::test]
+    async fn reboot_and_corruption_drop_claims_and_stale_specs() {
+        let rig = Rig::new();
+        rig.add("a", claim("u1", "node-a", &[("gpu", "gpu-1")]));
+        {
+            let (p, _) = rig.open("b1");
+            p.prepare(&[r("u1", "a")]).await;
+        }
+        assert_eq!(rig.spec_files(), ["u1"]);
+        let (_, rec) = rig.open("b2");
+        assert_eq!(rec, Recovery::Rebooted { dropped: 1 });
+        assert!(rig.spec_files().is_empty());
+
+        {
+            let (p, _) = rig.open("b2");
+            p.prepare(&[r("u1", "a")]).await;
+        }
+        let path = rig.cfg("b2").checkpoint_path;
+        std::fs::write(&path, b"{ garbage").unwrap();
+        let (p, rec) = rig.open("b2");
+        match rec {
+            Recovery::Corrupt { reason, moved_to } => {
+                assert!(reason.starts_with("not a checkpoint"), "{reason}");
+                assert_eq!(std::fs::read(moved_to).unwrap(), b"{ garbage");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(rig.spec_files().is_empty(), "no stale CDI spec left behind");
+        // And the agent works again: prepare re-reads the claim.
+        assert!(p.prepare(&[r("u1", "a")]).await["u1"].is_ok());
+        assert_eq!(rig.spec_files(), ["u1"]);
+    }
+}
