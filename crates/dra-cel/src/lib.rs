@@ -90,6 +90,8 @@ impl Environment {
     }
 
     pub fn compile(&self, expression: &str) -> Result<Arc<Selector>, CelError> {
-        Ok(Arc::new(Selector { expression: expression.to_string() }))
+        Ok(Arc::new(Selector {
+            expression: expression.to_string(),
+        }))
     }
 }
