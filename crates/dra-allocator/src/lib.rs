@@ -1,0 +1,165 @@
+//! # dra-allocator: one pod's ResourceClaims on one candidate node
+//!
+//! A pure library (no I/O, no async) that does what Kubernetes' structured allocator
+//! (`k8s.io/dynamic-resource-allocation/structured`) does, with the same answers, plus
+//! pruning so that hard cases finish in milliseconds and an explanation when nothing fits.
+//!
+//! ## Brief overview
+//!
+//! * [`Snapshot`] holds the cluster: DeviceClasses, ResourceSlices with DeviceTaintRules
+//!   applied, and the devices already allocated or in flight ([`Snapshot::add_allocation`]).
+//!   Build it once per cluster change and share it (`&Snapshot`, `Arc<Snapshot>`) across
+//!   threads; per-pool indexes and a selector-result cache live inside.
+//! * [`Allocator`] is built from a snapshot and one pod's unallocated claims. It resolves
+//!   classes and compiles selectors once; invalid claims, missing classes and CEL errors fail
+//!   here or in `allocate` with an [`AllocError`] for the whole attempt.
+//! * [`Allocator::allocate`] runs for one candidate node (callable from many threads) and
+//!   returns an [`Outcome`]: an [`Allocation`] (one `resource.k8s.io/v1` `AllocationResult`
+//!   per claim plus a [`Quality`] for scoring) or an [`Explanation`] with counts per request.
+//!
+//! ## Example
+//!
+//! ```
+//! use dra_allocator::{Allocator, Outcome, Snapshot, SnapshotInput};
+//! use k8s_openapi::api::core::v1::Node;
+//! use k8s_openapi::api::resource::v1::*;
+//! use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+//!
+//! let meta = |name: &str| ObjectMeta { name: Some(name.into()), ..Default::default() };
+//! let class = DeviceClass { metadata: meta("gpu"), spec: Some(Default::default()) };
+//! let slice = ResourceSlice {
+//!     metadata: meta("node-1-gpus"),
+//!     spec: ResourceSliceSpec {
+//!         driver: "gpu.example.com".into(),
+//!         node_name: Some("node-1".into()),
+//!         pool: ResourcePool { name: "node-1".into(), generation: 1, resource_slice_count: 1 },
+//!         devices: Some(vec![
+//!             Device { name: "gpu-0".into(), ..Default::default() },
+//!             Device { name: "gpu-1".into(), ..Default::default() },
+//!         ]),
+//!         ..Default::default()
+//!     },
+//! };
+//! let claim = ResourceClaim {
+//!     metadata: ObjectMeta { namespace: Some("default".into()), ..meta("train") },
+//!     spec: Some(ResourceClaimSpec {
+//!         devices: Some(DeviceClaim {
+//!             requests: Some(vec![DeviceRequest {
+//!                 name: "gpus".into(),
+//!                 exactly: Some(ExactDeviceRequest {
+//!                     device_class_name: "gpu".into(),
+//!                     count: Some(2),
+//!                     ..Default::default()
+//!                 }),
+//!                 ..Default::default()
+//!             }]),
+//!             ..Default::default()
+//!         }),
+//!     }),
+//!     ..Default::default()
+//! };
+//! let snapshot = Snapshot::new(SnapshotInput {
+//!     classes: vec![class],
+//!     slices: vec![slice],
+//!     ..Default::default()
+//! });
+//! let allocator = Allocator::new(&snapshot, &[&claim]).unwrap();
+//! let node = Node { metadata: meta("node-1"), ..Default::default() };
+//! match allocator.allocate(&node).unwrap() {
+//!     Outcome::Allocated(a) => {
+//!         let results = a.results[0].devices.as_ref().unwrap().results.as_ref().unwrap();
+//!         let names: Vec<_> = results.iter().map(|r| r.device.as_str()).collect();
+//!         assert_eq!(names, ["gpu-0", "gpu-1"]);
+//!     }
+//!     Outcome::Unfit(why) => panic!("{why}"),
+//! }
+//! ```
+
+mod attr;
+mod capacity;
+mod error;
+mod nodesel;
+mod outcome;
+mod plan;
+pub mod quantity;
+mod search;
+mod snapshot;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+pub use error::AllocError;
+pub use nodesel::{NodeSelectorError, node_matches};
+pub use outcome::{Allocation, Explanation, Limits, Outcome, Quality, RequestExplanation};
+pub use plan::{MAX_RESULTS_PER_CLAIM, MAX_SUBREQUESTS};
+pub use snapshot::{DeviceId, Features, Snapshot, SnapshotInput};
+
+/// One pod's claims, checked and compiled against a snapshot; allocate them per node.
+#[derive(Debug)]
+pub struct Allocator<'s> {
+    snapshot: &'s Snapshot,
+    plan: plan::Plan,
+}
+
+/// Work done by one [`Allocator::allocate_with`] call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Search steps (requests and devices tried).
+    pub steps: u64,
+}
+
+impl<'s> Allocator<'s> {
+    /// Checks the claims (classes exist, selectors compile, counts fit in 32 results,
+    /// features on) once for all nodes.
+    pub fn new(snapshot: &'s Snapshot, claims: &[&ResourceClaim]) -> Result<Self, AllocError> {
+        Ok(Allocator {
+            snapshot,
+            plan: plan::Plan::new(snapshot, claims)?,
+        })
+    }
+
+    /// Finds devices for every claim on `node`, or explains why there are none.
+    pub fn allocate(&self, node: &Node) -> Result<Outcome, AllocError> {
+        self.allocate_with(node, Limits::default()).map(|(o, _)| o)
+    }
+
+    /// [`Allocator::allocate`] with a deadline or cancellation flag, also reporting the work
+    /// done.
+    pub fn allocate_with(
+        &self,
+        node: &Node,
+        limits: Limits<'_>,
+    ) -> Result<(Outcome, Stats), AllocError> {
+        let (outcome, steps) = search::run(self.snapshot, &self.plan, node, limits)?;
+        Ok((outcome, Stats { steps }))
+    }
+}
+
+/// A fresh RFC 4122 version-4 UUID for `shareID`, from the standard library's randomly
+/// keyed hasher (no extra dependency) mixed with a process-wide counter.
+pub(crate) fn share_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let state = std::collections::hash_map::RandomState::new();
+    let mut a = state.build_hasher();
+    a.write_u64(n);
+    let mut b = state.build_hasher();
+    b.write_u64(!n);
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&a.finish().to_le_bytes());
+    bytes[8..].copy_from_slice(&b.finish().to_le_bytes());
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let h: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}

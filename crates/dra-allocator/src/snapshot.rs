@@ -1,0 +1,686 @@
+//! The cluster state the allocator works on: DeviceClasses, ResourceSlices (with
+//! DeviceTaintRules applied), and what is already allocated or in flight. Built once and
+//! shared (`&Snapshot` or `Arc<Snapshot>`) by every per-node attempt; everything that does not
+//! depend on the node or the claims is computed here, once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::RwLock;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, Device, DeviceClass, DeviceTaint, DeviceTaintRule, ResourceSlice,
+};
+
+use crate::error::AllocError;
+use crate::nodesel::node_matches;
+use crate::quantity::Quantity;
+
+/// Which DRA features are on. `Default` is Kubernetes 1.37's defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Features {
+    pub admin_access: bool,
+    pub prioritized_list: bool,
+    pub partitionable_devices: bool,
+    pub device_taints: bool,
+    /// DRADeviceBindingConditions and DRAResourceClaimDeviceStatus.
+    pub binding_conditions: bool,
+    pub consumable_capacity: bool,
+    pub fractional_capacity_range: bool,
+    /// DRAListTypeAttributes (alpha, off): list attributes in constraints.
+    pub list_type_attributes: bool,
+}
+
+impl Default for Features {
+    fn default() -> Self {
+        Features {
+            admin_access: true,
+            prioritized_list: true,
+            partitionable_devices: true,
+            device_taints: true,
+            binding_conditions: true,
+            consumable_capacity: true,
+            fractional_capacity_range: true,
+            list_type_attributes: false,
+        }
+    }
+}
+
+/// A device's identity in the API: driver, pool and device name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceId {
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+}
+
+impl std::fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.driver, self.pool, self.device)
+    }
+}
+
+/// Everything a [`Snapshot`] is built from.
+#[derive(Clone, Debug, Default)]
+pub struct SnapshotInput {
+    pub classes: Vec<DeviceClass>,
+    pub slices: Vec<ResourceSlice>,
+    pub taint_rules: Vec<DeviceTaintRule>,
+    /// `status.allocation` of every allocated claim, plus in-flight (assumed) allocations.
+    pub allocations: Vec<AllocationResult>,
+    pub features: Features,
+}
+
+/// One capacity of a device with its request policy, parsed.
+#[derive(Clone, Debug)]
+pub(crate) struct Capacity {
+    pub name: String,
+    pub value: Quantity,
+    pub default: Option<Quantity>,
+    pub range: Option<(Quantity, Option<Quantity>, Option<Quantity>)>,
+    pub valid_values: Vec<Quantity>,
+    /// The policy is present at all.
+    pub has_policy: bool,
+}
+
+/// Per-device facts that depend on neither node nor claims.
+#[derive(Debug)]
+pub(crate) struct DeviceEntry {
+    pub slice: u32,
+    pub index: u32,
+    /// Taints from the slice plus matching DeviceTaintRules.
+    pub taints: Vec<DeviceTaint>,
+    /// Equal for devices that differ only in name: interchangeable in any solution.
+    pub sig: u128,
+    pub capacity: Vec<Capacity>,
+    pub counters: Consumption,
+    /// Why the device cannot be used at all (e.g. an unparsable quantity).
+    pub broken: Option<String>,
+}
+
+/// How much of a device is used by allocated and in-flight claims.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Usage {
+    pub exclusive: u32,
+    pub shares: u32,
+    pub consumed: BTreeMap<String, Quantity>,
+}
+
+impl Usage {
+    fn is_empty(&self) -> bool {
+        self.exclusive == 0 && self.shares == 0 && self.consumed.is_empty()
+    }
+}
+
+const CACHE_SHARDS: usize = 16;
+
+/// The allocator's view of the cluster. `Sync`: share it between threads; the only writes
+/// after construction are [`Snapshot::add_allocation`]/[`Snapshot::remove_allocation`]
+/// (`&mut`, one writer) and the internal selector-result cache.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub(crate) features: Features,
+    pub(crate) env: dra_cel::Environment,
+    classes: HashMap<String, DeviceClass>,
+    pub(crate) slices: Vec<ResourceSlice>,
+    pub(crate) devices: Vec<DeviceEntry>,
+    pub(crate) slice_devices: Vec<(u32, u32)>,
+    node_slices: HashMap<String, Vec<u32>>,
+    shared_slices: Vec<u32>,
+    pool_slices: HashMap<(String, String), Vec<u32>>,
+    usage: HashMap<DeviceId, Usage>,
+    expr_ids: RwLock<HashMap<String, u32>>,
+    sel_cache: Vec<RwLock<HashMap<(u32, u32), bool>>>,
+}
+
+fn hash_of<T: Hash + ?Sized>(salt: u64, v: &T) -> u64 {
+    let mut h = DefaultHasher::new();
+    salt.hash(&mut h);
+    v.hash(&mut h);
+    h.finish()
+}
+
+fn signature(slice: &ResourceSlice, device: &Device, taints: &[DeviceTaint]) -> u128 {
+    let mut d = device.clone();
+    d.name.clear();
+    d.taints = None;
+    let spec = &slice.spec;
+    let per_device = spec.per_device_node_selection.unwrap_or(false);
+    let placement = if per_device {
+        String::new()
+    } else {
+        serde_json::to_string(&(&spec.node_name, &spec.all_nodes, &spec.node_selector))
+            .unwrap_or_default()
+    };
+    let text = serde_json::to_string(&(
+        &spec.driver,
+        &spec.pool.name,
+        placement,
+        &d,
+        taints
+            .iter()
+            .map(|t| (&t.key, &t.value, &t.effect))
+            .collect::<Vec<_>>(),
+    ))
+    .unwrap_or_default();
+    (u128::from(hash_of(1, &text)) << 64) | u128::from(hash_of(2, &text))
+}
+
+fn parse_q(
+    q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+) -> Result<Quantity, String> {
+    Quantity::from_openapi(q).map_err(|e| e.to_string())
+}
+
+fn parse_capacity(device: &Device) -> Result<Vec<Capacity>, String> {
+    let mut out = Vec::new();
+    for (name, cap) in device.capacity.iter().flatten() {
+        let policy = cap.request_policy.as_ref();
+        let range = match policy.and_then(|p| p.valid_range.as_ref()) {
+            Some(r) => Some((
+                parse_q(&r.min)?,
+                r.max.as_ref().map(parse_q).transpose()?,
+                r.step.as_ref().map(parse_q).transpose()?,
+            )),
+            None => None,
+        };
+        out.push(Capacity {
+            name: name.clone(),
+            value: parse_q(&cap.value)?,
+            default: policy
+                .and_then(|p| p.default.as_ref())
+                .map(parse_q)
+                .transpose()?,
+            range,
+            valid_values: policy
+                .and_then(|p| p.valid_values.as_ref())
+                .map(|v| v.iter().map(parse_q).collect::<Result<Vec<_>, _>>())
+                .transpose()?
+                .unwrap_or_default(),
+            has_policy: policy.is_some(),
+        });
+    }
+    Ok(out)
+}
+
+/// Counter consumption: (counter set, [(counter, amount)]).
+pub(crate) type Consumption = Vec<(String, Vec<(String, Quantity)>)>;
+
+fn parse_counters(device: &Device) -> Result<Consumption, String> {
+    let mut out = Vec::new();
+    for c in device.consumes_counters.iter().flatten() {
+        let mut counters = Vec::new();
+        for (name, v) in &c.counters {
+            counters.push((name.clone(), parse_q(&v.value)?));
+        }
+        out.push((c.counter_set.clone(), counters));
+    }
+    Ok(out)
+}
+
+fn rule_matches(rule: &DeviceTaintRule, driver: &str, pool: &str, device: &str) -> bool {
+    let Some(sel) = rule.spec.device_selector.as_ref() else {
+        return true;
+    };
+    sel.driver.as_deref().is_none_or(|d| d == driver)
+        && sel.pool.as_deref().is_none_or(|p| p == pool)
+        && sel.device.as_deref().is_none_or(|n| n == device)
+}
+
+impl Snapshot {
+    pub fn new(input: SnapshotInput) -> Snapshot {
+        let SnapshotInput {
+            classes,
+            slices,
+            taint_rules,
+            allocations,
+            features,
+        } = input;
+        let env = dra_cel::Environment::new(dra_cel::Options {
+            list_type_attributes: features.list_type_attributes,
+        });
+        let mut devices = Vec::new();
+        let mut slice_devices = Vec::with_capacity(slices.len());
+        let mut node_slices: HashMap<String, Vec<u32>> = HashMap::new();
+        let mut shared_slices = Vec::new();
+        let mut pool_slices: HashMap<(String, String), Vec<u32>> = HashMap::new();
+        for (si, slice) in slices.iter().enumerate() {
+            let spec = &slice.spec;
+            let start = devices.len() as u32;
+            for (di, device) in spec.devices.iter().flatten().enumerate() {
+                let mut taints = device.taints.clone().unwrap_or_default();
+                for rule in &taint_rules {
+                    if rule_matches(rule, &spec.driver, &spec.pool.name, &device.name) {
+                        taints.push(rule.spec.taint.clone());
+                    }
+                }
+                let (capacity, counters, broken) =
+                    match (parse_capacity(device), parse_counters(device)) {
+                        (Ok(c), Ok(k)) => (c, k, None),
+                        (Err(e), _) | (_, Err(e)) => (Vec::new(), Vec::new(), Some(e)),
+                    };
+                devices.push(DeviceEntry {
+                    slice: si as u32,
+                    index: di as u32,
+                    sig: signature(slice, device, &taints),
+                    taints,
+                    capacity,
+                    counters,
+                    broken,
+                });
+            }
+            slice_devices.push((start, devices.len() as u32));
+            match spec.node_name.as_deref() {
+                Some(n) if !n.is_empty() => node_slices
+                    .entry(n.to_string())
+                    .or_default()
+                    .push(si as u32),
+                _ => shared_slices.push(si as u32),
+            }
+            pool_slices
+                .entry((spec.driver.clone(), spec.pool.name.clone()))
+                .or_default()
+                .push(si as u32);
+        }
+        let mut snapshot = Snapshot {
+            features,
+            env,
+            classes: classes
+                .into_iter()
+                .map(|c| (c.metadata.name.clone().unwrap_or_default(), c))
+                .collect(),
+            slices,
+            devices,
+            slice_devices,
+            node_slices,
+            shared_slices,
+            pool_slices,
+            usage: HashMap::new(),
+            expr_ids: RwLock::new(HashMap::new()),
+            sel_cache: (0..CACHE_SHARDS)
+                .map(|_| RwLock::new(HashMap::new()))
+                .collect(),
+        };
+        for a in &allocations {
+            snapshot.add_allocation(a);
+        }
+        snapshot
+    }
+
+    pub fn features(&self) -> &Features {
+        &self.features
+    }
+
+    pub fn class(&self, name: &str) -> Option<&DeviceClass> {
+        self.classes.get(name)
+    }
+
+    /// Records an allocation (an allocated claim, or one assumed in flight).
+    /// Admin-access results are not counted, as upstream.
+    pub fn add_allocation(&mut self, allocation: &AllocationResult) {
+        self.apply_allocation(allocation, true)
+    }
+
+    /// Forgets an allocation recorded with [`Snapshot::add_allocation`].
+    pub fn remove_allocation(&mut self, allocation: &AllocationResult) {
+        self.apply_allocation(allocation, false)
+    }
+
+    fn apply_allocation(&mut self, allocation: &AllocationResult, add: bool) {
+        let results = allocation.devices.as_ref().and_then(|d| d.results.as_ref());
+        for r in results.into_iter().flatten() {
+            if r.admin_access == Some(true) {
+                continue;
+            }
+            let id = DeviceId {
+                driver: r.driver.clone(),
+                pool: r.pool.clone(),
+                device: r.device.clone(),
+            };
+            let usage = self.usage.entry(id.clone()).or_default();
+            let step = |v: &mut u32| *v = if add { *v + 1 } else { v.saturating_sub(1) };
+            if r.share_id.is_some() {
+                step(&mut usage.shares);
+                for (name, q) in r.consumed_capacity.iter().flatten() {
+                    let q = Quantity::from_openapi(q).unwrap_or_default();
+                    let e = usage.consumed.entry(name.clone()).or_default();
+                    if add {
+                        *e += q;
+                    } else {
+                        *e -= q;
+                    }
+                }
+                if !add && usage.shares == 0 {
+                    usage.consumed.clear();
+                }
+            } else {
+                step(&mut usage.exclusive);
+            }
+            if usage.is_empty() {
+                self.usage.remove(&id);
+            }
+        }
+    }
+
+    pub(crate) fn usage(&self, id: &DeviceId) -> Option<&Usage> {
+        self.usage.get(id)
+    }
+
+    pub(crate) fn device(&self, entry: u32) -> (&ResourceSlice, &Device) {
+        let e = &self.devices[entry as usize];
+        let slice = &self.slices[e.slice as usize];
+        (
+            slice,
+            &slice.spec.devices.as_ref().expect("entry exists")[e.index as usize],
+        )
+    }
+
+    pub(crate) fn device_id(&self, entry: u32) -> DeviceId {
+        let (slice, device) = self.device(entry);
+        DeviceId {
+            driver: slice.spec.driver.clone(),
+            pool: slice.spec.pool.name.clone(),
+            device: device.name.clone(),
+        }
+    }
+
+    pub(crate) fn expr_id(&self, expression: &str) -> u32 {
+        if let Some(id) = self.expr_ids.read().expect("not poisoned").get(expression) {
+            return *id;
+        }
+        let mut ids = self.expr_ids.write().expect("not poisoned");
+        let next = ids.len() as u32;
+        *ids.entry(expression.to_string()).or_insert(next)
+    }
+
+    pub(crate) fn cached_selector(&self, expr: u32, entry: u32) -> Option<bool> {
+        let shard = &self.sel_cache[(entry as usize ^ expr as usize) % CACHE_SHARDS];
+        shard
+            .read()
+            .expect("not poisoned")
+            .get(&(expr, entry))
+            .copied()
+    }
+
+    pub(crate) fn cache_selector(&self, expr: u32, entry: u32, matches: bool) {
+        let shard = &self.sel_cache[(entry as usize ^ expr as usize) % CACHE_SHARDS];
+        shard
+            .write()
+            .expect("not poisoned")
+            .insert((expr, entry), matches);
+    }
+
+    /// The pools a node sees, in upstream order, with their devices (see [`NodePools`]).
+    pub(crate) fn gather_pools(&self, node: &Node) -> Result<NodePools, AllocError> {
+        let node_name = node.metadata.name.as_deref().unwrap_or_default();
+        let features = &self.features;
+        let mut relevant: BTreeMap<(&str, &str), (i64, Vec<u32>)> = BTreeMap::new();
+        let local = self
+            .node_slices
+            .get(node_name)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for &si in local.iter().chain(self.shared_slices.iter()) {
+            let slice = &self.slices[si as usize];
+            let spec = &slice.spec;
+            let slice_err = |e: crate::nodesel::NodeSelectorError| AllocError::InvalidSlice {
+                slice: slice.metadata.name.clone().unwrap_or_default(),
+                message: e.to_string(),
+            };
+            if !features.partitionable_devices
+                && (spec.per_device_node_selection.is_some()
+                    || spec.shared_counters.as_ref().is_some_and(|c| !c.is_empty()))
+            {
+                continue;
+            }
+            let node_name_set = spec.node_name.as_deref().is_some_and(|n| !n.is_empty());
+            let is_relevant = if node_name_set {
+                spec.node_name.as_deref() == Some(node_name)
+            } else if spec.all_nodes == Some(true) {
+                true
+            } else if let Some(sel) = &spec.node_selector {
+                node_matches(node, sel).map_err(slice_err)?
+            } else if spec.per_device_node_selection == Some(true) {
+                let mut any = false;
+                for d in spec.devices.iter().flatten() {
+                    if device_node_matches(node, d).map_err(slice_err)? {
+                        any = true;
+                        break;
+                    }
+                }
+                any
+            } else {
+                false
+            };
+            if !is_relevant {
+                continue;
+            }
+            let key = (spec.driver.as_str(), spec.pool.name.as_str());
+            let generation = spec.pool.generation;
+            let e = relevant.entry(key).or_insert((generation, Vec::new()));
+            if generation > e.0 {
+                *e = (generation, Vec::new());
+            }
+            if generation == e.0 {
+                e.1.push(si);
+            }
+        }
+
+        let mut pools = Vec::new();
+        let mut with_binding = Vec::new();
+        for ((driver, pool), (generation, slices)) in relevant {
+            let count = self.slices[slices[0] as usize]
+                .spec
+                .pool
+                .resource_slice_count;
+            let mut not_targeting = Vec::new();
+            if slices.len() as i64 != count {
+                let all = &self.pool_slices[&(driver.to_string(), pool.to_string())];
+                if all
+                    .iter()
+                    .any(|&s| self.slices[s as usize].spec.pool.generation > generation)
+                {
+                    continue; // obsolete: a newer generation exists elsewhere
+                }
+                let same: Vec<u32> = all
+                    .iter()
+                    .copied()
+                    .filter(|&s| self.slices[s as usize].spec.pool.generation == generation)
+                    .collect();
+                if same.len() as i64 != count {
+                    pools.push(PoolInfo::broken(driver, pool, PoolState::Incomplete));
+                    continue;
+                }
+                not_targeting = same.into_iter().filter(|s| !slices.contains(s)).collect();
+            }
+            let info = self.build_pool(driver, pool, slices, not_targeting);
+            if info.has_binding_conditions {
+                with_binding.push(info);
+            } else {
+                pools.push(info);
+            }
+        }
+        pools.extend(with_binding);
+        Ok(NodePools { pools })
+    }
+
+    fn build_pool(
+        &self,
+        driver: &str,
+        pool: &str,
+        mut slices: Vec<u32>,
+        not_targeting: Vec<u32>,
+    ) -> PoolInfo {
+        let name_of = |s: &u32| {
+            self.slices[*s as usize]
+                .metadata
+                .name
+                .clone()
+                .unwrap_or_default()
+        };
+        slices.sort_by_key(name_of);
+        let has_counters = |s: u32| {
+            self.features.partitionable_devices
+                && self.slices[s as usize]
+                    .spec
+                    .shared_counters
+                    .as_ref()
+                    .is_some_and(|c| !c.is_empty())
+        };
+        let mut device_slices = Vec::new();
+        let mut counter_slices = Vec::new();
+        for &s in &slices {
+            if has_counters(s) {
+                counter_slices.push(s)
+            } else {
+                device_slices.push(s)
+            }
+        }
+        let mut other_slices = Vec::new();
+        for &s in &not_targeting {
+            if has_counters(s) {
+                counter_slices.push(s)
+            } else {
+                other_slices.push(s)
+            }
+        }
+        let mut info = PoolInfo::broken(driver, pool, PoolState::Usable);
+        let mut names = std::collections::HashSet::new();
+        for &s in &device_slices {
+            for d in self.slices[s as usize].spec.devices.iter().flatten() {
+                if !names.insert(d.name.as_str()) {
+                    info.state = PoolState::Invalid(format!("duplicate device name {}", d.name));
+                    return info;
+                }
+            }
+        }
+        if self.features.partitionable_devices {
+            let mut sets: HashMap<&str, usize> = HashMap::new();
+            for &s in &counter_slices {
+                for set in self.slices[s as usize]
+                    .spec
+                    .shared_counters
+                    .iter()
+                    .flatten()
+                {
+                    if sets.insert(set.name.as_str(), 0).is_some() {
+                        info.state =
+                            PoolState::Invalid(format!("duplicate counter set name {}", set.name));
+                        return info;
+                    }
+                    for (counter, value) in &set.counters {
+                        info.counter_index
+                            .insert((set.name.clone(), counter.clone()), info.available.len());
+                        info.counter_names.push(format!("{}/{}", set.name, counter));
+                        info.available
+                            .push(Quantity::from_openapi(&value.value).unwrap_or_default());
+                    }
+                }
+            }
+            for &s in device_slices.iter().chain(other_slices.iter()) {
+                let (a, b) = self.slice_devices[s as usize];
+                for entry in a..b {
+                    for (set, counters) in &self.devices[entry as usize].counters {
+                        if !sets.contains_key(set.as_str()) {
+                            info.state = PoolState::Invalid(format!("counter set {set} not found"));
+                            return info;
+                        }
+                        for (c, _) in counters {
+                            if !info.counter_index.contains_key(&(set.clone(), c.clone())) {
+                                info.state = PoolState::Invalid(format!(
+                                    "counter {c} not found in counter set {set}"
+                                ));
+                                return info;
+                            }
+                        }
+                    }
+                }
+            }
+            // Subtract what allocated devices of this pool consume.
+            for &s in device_slices.iter().chain(other_slices.iter()) {
+                let (a, b) = self.slice_devices[s as usize];
+                for entry in a..b {
+                    let e = &self.devices[entry as usize];
+                    if e.counters.is_empty() || self.usage(&self.device_id(entry)).is_none() {
+                        continue;
+                    }
+                    for (set, counters) in &e.counters {
+                        for (c, q) in counters {
+                            let i = info.counter_index[&(set.clone(), c.clone())];
+                            info.available[i] -= *q;
+                        }
+                    }
+                }
+            }
+        }
+        for &s in &device_slices {
+            let (a, b) = self.slice_devices[s as usize];
+            if (a..b).any(|e| self.device(e).1.binding_conditions.is_some()) {
+                info.has_binding_conditions = true;
+            }
+            info.entries.extend(a..b);
+        }
+        info
+    }
+}
+
+/// Per-device node placement for slices with `perDeviceNodeSelection`.
+pub(crate) fn device_node_matches(
+    node: &Node,
+    d: &Device,
+) -> Result<bool, crate::nodesel::NodeSelectorError> {
+    let node_name = node.metadata.name.as_deref().unwrap_or_default();
+    match (&d.node_name, d.all_nodes, &d.node_selector) {
+        (Some(n), _, _) if !n.is_empty() => Ok(n == node_name),
+        (_, Some(true), _) => Ok(true),
+        (_, _, Some(sel)) => node_matches(node, sel),
+        _ => Ok(false),
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum PoolState {
+    Usable,
+    Incomplete,
+    Invalid(String),
+}
+
+/// A pool as one node sees it.
+#[derive(Debug)]
+pub(crate) struct PoolInfo {
+    pub driver: String,
+    pub pool: String,
+    pub state: PoolState,
+    /// Device entries of the slices that target the node, in order (slices by name).
+    pub entries: Vec<u32>,
+    pub has_binding_conditions: bool,
+    /// Shared counters, flattened: (set, counter) → index.
+    pub counter_index: HashMap<(String, String), usize>,
+    pub counter_names: Vec<String>,
+    /// Counter values minus what allocated devices consume.
+    pub available: Vec<Quantity>,
+}
+
+impl PoolInfo {
+    fn broken(driver: &str, pool: &str, state: PoolState) -> Self {
+        PoolInfo {
+            driver: driver.to_string(),
+            pool: pool.to_string(),
+            state,
+            entries: Vec::new(),
+            has_binding_conditions: false,
+            counter_index: HashMap::new(),
+            counter_names: Vec::new(),
+            available: Vec::new(),
+        }
+    }
+
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.driver, self.pool)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct NodePools {
+    pub pools: Vec<PoolInfo>,
+}
