@@ -76,6 +76,7 @@
 //! ```
 
 mod attr;
+pub mod build;
 mod capacity;
 mod error;
 mod nodesel;

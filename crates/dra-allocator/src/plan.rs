@@ -180,7 +180,11 @@ impl Plan {
                 }
                 let mut min_for_request = usize::MAX;
                 let mut add = |plan: &mut Plan, r: ReqPlan| {
-                    min_for_request = if r.all { 0 } else { min_for_request.min(r.count) };
+                    min_for_request = if r.all {
+                        0
+                    } else {
+                        min_for_request.min(r.count)
+                    };
                     alts.push(plan.reqs.len());
                     plan.reqs.push(r);
                 };
