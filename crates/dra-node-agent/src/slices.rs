@@ -53,16 +53,16 @@ pub fn quantity(n: u64) -> Quantity {
     }
     let binary = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
     let decimal = ["", "k", "M", "G", "T", "P", "E"];
-    if n % 1024 == 0 {
+    if n.is_multiple_of(1024) {
         let (mut v, mut i) = (n, 0);
-        while v % 1024 == 0 && i < binary.len() - 1 {
+        while v.is_multiple_of(1024) && i < binary.len() - 1 {
             v /= 1024;
             i += 1;
         }
         return Quantity(format!("{v}{}", binary[i]));
     }
     let (mut v, mut i) = (n, 0);
-    while v % 1000 == 0 && i < decimal.len() - 1 {
+    while v.is_multiple_of(1000) && i < decimal.len() - 1 {
         v /= 1000;
         i += 1;
     }
