@@ -1,12 +1,102 @@
-//! CONTRACT STUB — the public API other crates build against. The dra-cel work replaces the
-//! bodies (and may add to the API) but keeps these names and signatures.
+//! The Kubernetes DRA CEL environment for device selectors, on top of the `cel` crate.
+//!
+//! # Brief overview
+//!
+//! An [`Environment`] compiles selector expressions into [`Selector`]s and caches them by
+//! expression text, so a DeviceClass selector seen on every scheduling cycle is parsed and
+//! checked once. [`Selector::matches`] evaluates against one device given as a [`DeviceRef`]:
+//! borrowed ResourceSlice data, never copied (see the `device` module notes below). Every
+//! failure is a [`CelError`] whose [`CelErrorKind`] says whether the expression did not
+//! compile, failed at run time, did not produce a bool, or is too expensive.
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//! use dra_cel::{DeviceRef, Environment, Options};
+//! use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceCapacity};
+//! use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+//!
+//! let env = Environment::new(Options::default());
+//! let selector = env
+//!     .compile(r#"device.attributes["gpu.example.com"].memoryGiB >= 80 &&
+//!                 device.capacity["gpu.example.com"].memory.isGreaterThan(quantity("40Gi"))"#)
+//!     .unwrap();
+//!
+//! let attributes = BTreeMap::from([(
+//!     "memoryGiB".to_string(),
+//!     DeviceAttribute { int: Some(80), ..Default::default() },
+//! )]);
+//! let capacity = BTreeMap::from([(
+//!     "memory".to_string(),
+//!     DeviceCapacity { value: Quantity("80Gi".into()), ..Default::default() },
+//! )]);
+//! let device = DeviceRef {
+//!     driver: "gpu.example.com",
+//!     attributes: &attributes,
+//!     capacity: &capacity,
+//!     allow_multiple_allocations: false,
+//! };
+//! assert_eq!(selector.matches(device).unwrap(), true);
+//! ```
+//!
+//! # What Kubernetes does, and what this crate does
+//!
+//! * **Compile**: Kubernetes type-checks the expression. The `cel` crate does not, so a pass of
+//!   our own (`check`) infers the static types it can and rejects what cel-go's checker rejects:
+//!   mismatched `==` (`1 == 1.0`), unknown functions and fields, statically non-bool results.
+//! * **Cost**: Kubernetes stops an evaluation after 1,000,000 cost units. We bound cost
+//!   statically instead: `check` estimates the worst case from the AST and the size limits of
+//!   device data and rejects an expression over the limit with [`CelErrorKind::Cost`] before it
+//!   ever runs, so no evaluation can hang. The estimate is conservative: an expression whose
+//!   worst case is over the limit is rejected even if a given device would have been cheap.
+//! * **The `device` variable** is a set of views over the borrowed maps: a lookup converts only
+//!   the attribute it reaches (strings are borrowed). Only iterating a map or comparing a whole
+//!   map with `==` builds a `cel` map of it, for that evaluation.
+//! * **Panics**: none are expected on any input; as a last line of defence, evaluation runs
+//!   inside `catch_unwind` and a panic in the interpreter becomes a runtime error.
+//!
+//! # Functions
+//!
+//! | library | functions | here |
+//! |---|---|---|
+//! | CEL standard | operators, `size`, `contains`, `startsWith`, `endsWith`, `matches`, conversions, `has`, `all`, `exists`, `exists_one`, `map`, `filter` | yes (`cel` crate) |
+//! | cross-type numeric comparisons | `1 < 1.5`, `dyn(1) == 1.0` | yes |
+//! | optional types | `.?f`, `[?k]`, `optional.of/none/ofNonZeroValue`, `hasValue`, `value`, `orValue`, `or` | yes (`cel` crate) |
+//! | optional types | `optMap`, `optFlatMap` | no |
+//! | Kubernetes quantity | `quantity`, `isQuantity`, `compareTo`, `isGreaterThan`, `isLessThan`, `add`, `sub`, `asInteger`, `isInteger`, `asApproximateFloat`, `sign` | yes (ours, exact) |
+//! | Kubernetes semver | `semver` (1 and 2 args), `isSemver`, `compareTo`, `isGreaterThan`, `isLessThan`, `major`, `minor`, `patch` | yes (ours) |
+//! | strings ext v2 | `charAt`, `indexOf`, `lastIndexOf`, `lowerAscii`, `upperAscii`, `replace`, `split`, `substring`, `trim`, `join`, `strings.quote`, `format` | yes (`cel` crate) |
+//! | Kubernetes regex | `find`, `findAll` | yes (ours; Rust `regex`, RE2 syntax like Go's) |
+//! | Kubernetes lists | `isSorted`, `sum`, `min`, `max`, `indexOf`, `lastIndexOf`, `includes` (with list-type attributes on) | yes (ours) |
+//! | lists ext v3 | `slice`, `flatten`, `distinct`, `reverse`, `sort`, `sortBy`, `lists.range` (literal argument only) | yes (`cel` crate) |
+//! | lists ext v3 | `first`, `last` | no |
+//! | sets ext | `sets.contains`, `sets.intersects`, `sets.equivalent` | yes (ours) |
+//! | bindings | `cel.bind` | yes (ours, macro) |
+//! | two-variable comprehensions | `all(i, v, …)`, `exists(i, v, …)`, `transformList`, `transformMap`, … | no |
+//! | Kubernetes URLs, IP, CIDR, format, authz | `url`, `ip`, `cidr`, `format.named`, … | no |
+//!
+//! A function marked "no" is a compile error here ("undeclared reference"), never a silent
+//! wrong answer.
 
 pub mod quantity;
 pub use quantity::{Format as QuantityFormat, Quantity, QuantityError};
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+mod check;
+mod device;
+mod library;
+mod semver;
+mod values;
 
+pub use check::MAX_COST;
+
+use std::collections::{BTreeMap, HashMap};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, RwLock};
+
+use cel::common::ast::{Expr, IdedExpr};
+use cel::common::types::CelBool;
+use cel::common::value::CowVal;
+use cel::context::VariableResolver;
+use cel::{Context, Env, ExecutionError, Value};
 use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceCapacity};
 
 /// Which optional parts of the Kubernetes environment are on.
@@ -41,6 +131,7 @@ pub enum CelErrorKind {
 pub struct CelError {
     pub kind: CelErrorKind,
     pub expression: String,
+    /// Byte offset into the expression, where the parser or checker gives one.
     pub position: Option<usize>,
     pub message: String,
     pub context: Option<String>,
@@ -52,12 +143,42 @@ impl CelError {
         self.context = Some(context.into());
         self
     }
+
+    fn new(kind: CelErrorKind, expression: &str, position: Option<usize>, message: String) -> Self {
+        CelError {
+            kind,
+            expression: expression.to_string(),
+            position,
+            message,
+            context: None,
+        }
+    }
 }
 
 /// A compiled selector expression.
-#[derive(Debug)]
 pub struct Selector {
     expression: String,
+    program: IdedExpr,
+    env: Arc<Env>,
+    estimated_cost: u64,
+}
+
+impl std::fmt::Debug for Selector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Selector")
+            .field("expression", &self.expression)
+            .field("estimated_cost", &self.estimated_cost)
+            .finish()
+    }
+}
+
+/// Resolves the one variable there is, `device`, to the view of the device being evaluated.
+struct DeviceResolver<'a>(device::DeviceVal<'a>);
+
+impl VariableResolver for DeviceResolver<'_> {
+    fn resolve<'b>(&'b self, variable: &str) -> Option<CowVal<'b, 'b>> {
+        (variable == "device").then(|| CowVal::Borrowed(&self.0 as &dyn cel::common::value::Val))
+    }
 }
 
 impl Selector {
@@ -65,33 +186,243 @@ impl Selector {
         &self.expression
     }
 
+    /// The static worst-case cost estimate this selector was admitted with.
+    pub fn estimated_cost(&self) -> u64 {
+        self.estimated_cost
+    }
+
     /// Evaluate against one device: `Ok(true)` when it selects the device.
-    pub fn matches(&self, _device: DeviceRef<'_>) -> Result<bool, CelError> {
-        Err(CelError {
-            kind: CelErrorKind::Runtime,
-            expression: self.expression.clone(),
-            position: None,
-            message: "dra-cel is not implemented yet".into(),
-            context: None,
-        })
+    pub fn matches(&self, device: DeviceRef<'_>) -> Result<bool, CelError> {
+        let resolver = DeviceResolver(device::DeviceVal { dev: device });
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            let mut ctx = Context::with_env(Arc::clone(&self.env));
+            ctx.set_variable_resolver(&resolver);
+            match Value::resolve_val(&self.program, &ctx) {
+                Ok(v) => match v.downcast_ref::<CelBool>() {
+                    Some(b) => Ok(*b.inner()),
+                    None => Err((
+                        CelErrorKind::NotBool,
+                        format!("expression evaluated to {}, not bool", v.get_type().name()),
+                    )),
+                },
+                Err(e) => Err((CelErrorKind::Runtime, runtime_message(&e))),
+            }
+        }));
+        match outcome {
+            Ok(Ok(b)) => Ok(b),
+            Ok(Err((kind, message))) => Err(CelError::new(kind, &self.expression, None, message)),
+            Err(_) => Err(CelError::new(
+                CelErrorKind::Runtime,
+                &self.expression,
+                None,
+                "internal error: the CEL interpreter panicked".into(),
+            )),
+        }
     }
 }
 
+fn runtime_message(e: &ExecutionError) -> String {
+    match e {
+        ExecutionError::NoSuchKey(k) => format!("no such key: {k}"),
+        other => other.to_string(),
+    }
+}
+
+/// How many compiled selectors the cache keeps before it starts over; selectors come from
+/// DeviceClasses and claims, so a real cluster stays far below this.
+const CACHE_LIMIT: usize = 10_000;
+
 /// The environment: options plus a compiled-program cache keyed by expression.
 /// `Send + Sync`; `compile` may be called from many threads.
-#[derive(Debug, Default)]
 pub struct Environment {
-    _options: Options,
+    options: Options,
+    env: Arc<Env>,
+    cache: RwLock<HashMap<String, Arc<Selector>>>,
+}
+
+impl std::fmt::Debug for Environment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Environment")
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl Default for Environment {
+    fn default() -> Self {
+        Environment::new(Options::default())
+    }
+}
+
+fn build_env() -> Result<Env, cel::DeclarationError> {
+    let mut env = Env::stdlib();
+    env.add_extension(cel::extensions::strings)?;
+    env.add_extension(cel::extensions::lists)?;
+    library::register(&mut env)?;
+    Ok(env)
 }
 
 impl Environment {
     pub fn new(options: Options) -> Self {
-        Self { _options: options }
+        // The declarations are fixed: a failure here is a bug in this crate, caught by every test.
+        let env =
+            build_env().unwrap_or_else(|e| panic!("dra-cel: building the CEL environment: {e}"));
+        Environment {
+            options,
+            env: Arc::new(env),
+            cache: RwLock::new(HashMap::new()),
+        }
     }
 
+    /// Compiles `expression`, or returns the cached selector compiled from the same text.
     pub fn compile(&self, expression: &str) -> Result<Arc<Selector>, CelError> {
-        Ok(Arc::new(Selector {
+        if let Some(s) = self
+            .cache
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(expression)
+        {
+            return Ok(Arc::clone(s));
+        }
+        let selector = Arc::new(self.compile_uncached(expression)?);
+        let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= CACHE_LIMIT {
+            cache.clear();
+        }
+        cache.insert(expression.to_string(), Arc::clone(&selector));
+        Ok(selector)
+    }
+
+    fn compile_uncached(&self, expression: &str) -> Result<Selector, CelError> {
+        let parsed = catch_unwind(AssertUnwindSafe(|| {
+            self.env.parser().parse_with_source_info(expression)
+        }));
+        let (mut program, source_info) = match parsed {
+            Ok(Ok(p)) => p,
+            Ok(Err(errors)) => {
+                let position = errors
+                    .errors
+                    .first()
+                    .and_then(|e| line_col_offset(expression, e.pos));
+                return Err(CelError::new(
+                    CelErrorKind::Compile,
+                    expression,
+                    position,
+                    format!("compilation failed: {errors}"),
+                ));
+            }
+            Err(_) => {
+                return Err(CelError::new(
+                    CelErrorKind::Compile,
+                    expression,
+                    None,
+                    "internal error: the CEL parser panicked".into(),
+                ));
+            }
+        };
+        let mut checker = check::Checker::new(self.options.list_type_attributes);
+        let est = match checker.check(&program) {
+            Ok(est) => est,
+            Err(reject) => {
+                let position = source_info
+                    .offset_for(reject.node)
+                    .map(|(start, _)| start as usize);
+                let kind = if reject.cost {
+                    CelErrorKind::Cost
+                } else if reject.message.starts_with("must evaluate to bool") {
+                    CelErrorKind::NotBool
+                } else {
+                    CelErrorKind::Compile
+                };
+                return Err(CelError::new(kind, expression, position, reject.message));
+            }
+        };
+        rewrite_equality(&mut program, &checker.k8s_equality);
+        Ok(Selector {
             expression: expression.to_string(),
-        }))
+            program,
+            env: Arc::clone(&self.env),
+            estimated_cost: est.cost,
+        })
+    }
+}
+
+/// Points the `==`/`!=` calls the checker picked at the Kubernetes-typed equality.
+fn rewrite_equality(e: &mut IdedExpr, ids: &[u64]) {
+    if ids.is_empty() {
+        return;
+    }
+    let id = e.id;
+    match &mut e.expr {
+        Expr::Call(call) => {
+            if ids.contains(&id) {
+                match call.func_name.as_str() {
+                    "_==_" => call.func_name = library::EQUALS.to_string(),
+                    _ => {}
+                }
+            }
+            if let Some(t) = call.target.as_deref_mut() {
+                rewrite_equality(t, ids);
+            }
+            for a in &mut call.args {
+                rewrite_equality(a, ids);
+            }
+        }
+        Expr::Comprehension(c) => {
+            for x in [
+                &mut c.iter_range,
+                &mut c.accu_init,
+                &mut c.loop_cond,
+                &mut c.loop_step,
+                &mut c.result,
+            ] {
+                rewrite_equality(x, ids);
+            }
+        }
+        Expr::List(l) => l.elements.iter_mut().for_each(|x| rewrite_equality(x, ids)),
+        Expr::Map(m) => {
+            for entry in &mut m.entries {
+                if let cel::common::ast::EntryExpr::MapEntry(me) = &mut entry.expr {
+                    rewrite_equality(&mut me.key, ids);
+                    rewrite_equality(&mut me.value, ids);
+                }
+            }
+        }
+        Expr::Select(s) => rewrite_equality(&mut s.operand, ids),
+        _ => {}
+    }
+}
+
+/// Byte offset of a 1-based line and 0-based column.
+fn line_col_offset(src: &str, (line, col): (isize, isize)) -> Option<usize> {
+    if line < 1 || col < 0 {
+        return None;
+    }
+    let start: usize = src
+        .split_inclusive('\n')
+        .take(line as usize - 1)
+        .map(str::len)
+        .sum();
+    Some(start + col as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn environment_is_shareable() {
+        assert_send_sync::<Environment>();
+        assert_send_sync::<Selector>();
+    }
+
+    #[test]
+    fn compile_is_cached() {
+        let env = Environment::default();
+        let a = env.compile("device.driver == 'x'").unwrap();
+        let b = env.compile("device.driver == 'x'").unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
     }
 }

@@ -45,11 +45,79 @@ pub enum QuantityError {
     OutOfRange(String),
 }
 
+/// How Kubernetes' `resource.Quantity` would hold the same value internally: a scaled `int64`
+/// or an arbitrary-precision decimal. It does not change the value, but Kubernetes' CEL
+/// `isInteger()`/`asInteger()` answer from it (`quantity("1000m").isInteger()` is false there),
+/// so it is tracked through parsing and arithmetic to answer the same.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Repr {
+    #[default]
+    Zero,
+    Int {
+        value: i64,
+        scale: i32,
+    },
+    Dec,
+}
+
+/// `base × 10^scale`, if it fits.
+fn positive_scale(base: i64, scale: i32) -> Option<i64> {
+    let mut v = base;
+    for _ in 0..scale {
+        v = v.checked_mul(10)?;
+    }
+    Some(v)
+}
+
+impl Repr {
+    fn int(self) -> Option<(i64, i32)> {
+        match self {
+            Repr::Zero => Some((0, 0)),
+            Repr::Int { value, scale } => Some((value, scale)),
+            Repr::Dec => None,
+        }
+    }
+
+    /// Kubernetes' `int64Amount.Add`, falling back to a decimal on overflow.
+    fn add(self, other: Repr) -> Repr {
+        let (Some((a, sa)), Some((b, sb))) = (self.int(), other.int()) else {
+            return Repr::Dec;
+        };
+        let sum = if b == 0 {
+            Some((a, sa))
+        } else if a == 0 {
+            Some((b, sb))
+        } else if sa == sb {
+            a.checked_add(b).map(|v| (v, sa))
+        } else if sa > sb {
+            positive_scale(a, sa - sb)
+                .and_then(|a| a.checked_add(b))
+                .map(|v| (v, sb))
+        } else {
+            positive_scale(b, sb - sa)
+                .and_then(|b| a.checked_add(b))
+                .map(|v| (v, sa))
+        };
+        sum.map_or(Repr::Dec, |(value, scale)| Repr::Int { value, scale })
+    }
+
+    fn neg(self) -> Repr {
+        match self {
+            Repr::Int { value, scale } => Repr::Int {
+                value: value.wrapping_neg(),
+                scale,
+            },
+            other => other,
+        }
+    }
+}
+
 /// An exact Kubernetes resource quantity.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Quantity {
     nanos: i128,
     format: Format,
+    repr: Repr,
 }
 
 impl PartialEq for Quantity {
@@ -95,6 +163,7 @@ impl Quantity {
     pub const ZERO: Quantity = Quantity {
         nanos: 0,
         format: Format::DecimalSI,
+        repr: Repr::Zero,
     };
 
     /// `value` whole units, written in `format`.
@@ -102,6 +171,7 @@ impl Quantity {
         Quantity {
             nanos: value as i128 * NANOS_PER_UNIT,
             format,
+            repr: Repr::Int { value, scale: 0 },
         }
     }
 
@@ -110,12 +180,18 @@ impl Quantity {
         Quantity {
             nanos: value as i128 * 1_000_000,
             format: Format::DecimalSI,
+            repr: Repr::Int { value, scale: -3 },
         }
     }
 
     /// `value` nano-units, written in `format`.
     pub fn from_nanos(nanos: i128, format: Format) -> Self {
-        Quantity { nanos, format }
+        let repr = i64::try_from(nanos).map_or(Repr::Dec, |value| Repr::Int { value, scale: -9 });
+        Quantity {
+            nanos,
+            format,
+            repr,
+        }
     }
 
     /// The exact value in nano-units.
@@ -144,6 +220,18 @@ impl Quantity {
         i64::try_from(self.nanos / NANOS_PER_UNIT).ok()
     }
 
+    /// The value as an `i64` exactly when Kubernetes' `Quantity.AsInt64` gives one, which is
+    /// what CEL's `isInteger()` and `asInteger()` answer from. That depends on how the quantity
+    /// was written and computed, not only on its value: `1000m` and `0.0` are not integers
+    /// there, and neither is anything written with more than 18 digits.
+    pub fn as_int64_like_kubernetes(&self) -> Option<i64> {
+        match self.repr {
+            Repr::Zero => Some(0),
+            Repr::Int { value, scale } if scale >= 0 => positive_scale(value, scale),
+            _ => None,
+        }
+    }
+
     /// Whole units, rounded away from zero (Kubernetes' `Value`); `None` past `i64`.
     pub fn value(&self) -> Option<i64> {
         i64::try_from(div_round_up(self.nanos, NANOS_PER_UNIT)).ok()
@@ -168,15 +256,18 @@ impl Quantity {
         Some(Quantity {
             nanos,
             format: self.result_format(other),
+            repr: self.repr.add(other.repr),
         })
     }
 
     /// `self - other`, `None` on overflow.
     pub fn checked_sub(&self, other: &Quantity) -> Option<Quantity> {
         let nanos = self.nanos.checked_sub(other.nanos)?;
+        let repr = self.repr.add(other.repr.neg());
         Some(Quantity {
             nanos,
             format: self.result_format(other),
+            repr,
         })
     }
 
@@ -208,6 +299,7 @@ impl Add for Quantity {
         self.checked_add(&rhs).unwrap_or(Quantity {
             nanos: if rhs.nanos > 0 { i128::MAX } else { i128::MIN },
             format: self.result_format(&rhs),
+            repr: Repr::Dec,
         })
     }
 }
@@ -219,6 +311,7 @@ impl Sub for Quantity {
         self.checked_sub(&rhs).unwrap_or(Quantity {
             nanos: if rhs.nanos < 0 { i128::MAX } else { i128::MIN },
             format: self.result_format(&rhs),
+            repr: Repr::Dec,
         })
     }
 }
@@ -229,6 +322,7 @@ impl Neg for Quantity {
         Quantity {
             nanos: self.nanos.checked_neg().unwrap_or(i128::MAX),
             format: self.format,
+            repr: self.repr.neg(),
         }
     }
 }
@@ -337,6 +431,11 @@ impl FromStr for Quantity {
         }
         let (positive, num, denom, suffix) = split(s)?;
         let (base, exp, mut format) = interpret_suffix(suffix).ok_or(QuantityError::Suffix)?;
+        let repr = if s == "0" {
+            Repr::Zero
+        } else {
+            fast_repr(positive, num, denom, base, exp)
+        };
         let out_of_range = || QuantityError::OutOfRange(s.to_string());
         // Trailing fraction zeros change nothing; dropping them keeps the digits small.
         let denom = denom.trim_end_matches('0');
@@ -396,7 +495,38 @@ impl FromStr for Quantity {
         if !positive {
             nanos = -nanos;
         }
-        Ok(Quantity { nanos, format })
+        Ok(Quantity {
+            nanos,
+            format,
+            repr,
+        })
+    }
+}
+
+/// The scaled `int64` Kubernetes' parser produces on its fast path, or `Dec` where it falls
+/// back to a decimal. `num` has no leading zeros ("0" when empty); `denom` is as written.
+fn fast_repr(positive: bool, num: &str, denom: &str, base: u32, exp: i64) -> Repr {
+    let digits = num.len() as i64 + denom.len() as i64;
+    let (precision, scale, mantissa) = if base == 10 {
+        (18 - digits, exp - denom.len() as i64, 1i64)
+    } else if exp >= 0 && denom.is_empty() {
+        // 2^exp has about exp·3/10 decimal digits.
+        (15 - num.len() as i64 - exp * 3 / 10 - 1, 0, 1i64 << exp)
+    } else {
+        return Repr::Dec;
+    };
+    if precision < 0 || scale < -9 {
+        return Repr::Dec;
+    }
+    let Ok(shifted) = format!("{num}{denom}").parse::<i64>() else {
+        return Repr::Dec;
+    };
+    match (shifted.checked_mul(mantissa), i32::try_from(scale)) {
+        (Some(v), Ok(scale)) => Repr::Int {
+            value: if positive { v } else { -v },
+            scale,
+        },
+        _ => Repr::Dec,
     }
 }
 

@@ -1,0 +1,470 @@
+//! The `device` variable, as views over the borrowed ResourceSlice data.
+//!
+//! Nothing is copied up front: `device.attributes["d"].x` walks three small views (a box each)
+//! and converts the one attribute it reaches, borrowing strings from the slice. Only operations
+//! that need the whole map — iterating it (`.exists(...)`, `.all(...)`) or comparing it with
+//! `==` — build a `cel` map of the domain, once per evaluation and only for that view.
+//!
+//! Kubernetes' rules, kept here: an attribute or capacity name without a domain belongs to the
+//! driver's domain; indexing an unknown domain gives an empty map; a missing name inside a
+//! domain is a "no such key" error (which `has()` and `.?name` turn into false / none).
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
+use std::sync::{Arc, OnceLock};
+
+use cel::ExecutionError;
+use cel::common::traits::{self, Container, Indexer, Iterable, Sizer};
+use cel::common::types::{CelBool, CelInt, CelList, CelMap, CelMapKey, CelString, MAP_TYPE, Type};
+use cel::common::value::{CowVal, Val};
+use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceCapacity};
+
+use crate::DeviceRef;
+use crate::quantity::Quantity;
+use crate::semver::Version;
+use crate::values::{QuantityVal, SemverVal};
+
+static DEVICE_TYPE: Type = Type::new_unspecified_type("kubernetes.DRADevice");
+
+/// Which of the device's two maps a view looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Attributes,
+    Capacity,
+}
+
+/// One entry of either map.
+#[derive(Clone, Copy)]
+enum Entry<'a> {
+    Attribute(&'a DeviceAttribute),
+    Capacity(&'a DeviceCapacity),
+}
+
+/// `(domain, id)` of a qualified name; unqualified names are in the driver's domain.
+fn split_name<'a>(driver: &'a str, key: &'a str) -> (&'a str, &'a str) {
+    match key.find('/') {
+        Some(i) => (&key[..i], &key[i + 1..]),
+        None => (driver, key),
+    }
+}
+
+/// The entry `domain`/`id` of `map`, without building the qualified name.
+fn find<'a, T>(
+    map: &'a BTreeMap<String, T>,
+    driver: &str,
+    domain: &str,
+    id: &str,
+) -> Option<&'a T> {
+    if domain == driver && !id.contains('/') {
+        if let Some(v) = map.get(id) {
+            return Some(v);
+        }
+    }
+    // Keys starting with `domain` are contiguous in the sorted map.
+    map.range::<str, _>((Bound::Included(domain), Bound::Unbounded))
+        .take_while(|(k, _)| k.starts_with(domain))
+        .find(|(k, _)| {
+            k.as_bytes().get(domain.len()) == Some(&b'/') && &k[domain.len() + 1..] == id
+        })
+        .map(|(_, v)| v)
+}
+
+/// `domain` as borrowed from the device data, if any entry is in it.
+fn known_domain<'a, T>(
+    map: &'a BTreeMap<String, T>,
+    driver: &'a str,
+    domain: &str,
+) -> Option<&'a str> {
+    let qualified = map
+        .range::<str, _>((Bound::Included(domain), Bound::Unbounded))
+        .take_while(|(k, _)| k.starts_with(domain))
+        .find(|(k, _)| k.as_bytes().get(domain.len()) == Some(&b'/'))
+        .map(|(k, _)| &k[..domain.len()]);
+    qualified
+        .or_else(|| (domain == driver && map.keys().any(|k| !k.contains('/'))).then_some(driver))
+}
+
+fn entries<'a>(
+    dev: DeviceRef<'a>,
+    kind: Kind,
+) -> Box<dyn Iterator<Item = (&'a str, &'a str, Entry<'a>)> + 'a> {
+    let driver = dev.driver;
+    match kind {
+        Kind::Attributes => Box::new(dev.attributes.iter().map(move |(k, v)| {
+            let (d, id) = split_name(driver, k);
+            (d, id, Entry::Attribute(v))
+        })),
+        Kind::Capacity => Box::new(dev.capacity.iter().map(move |(k, v)| {
+            let (d, id) = split_name(driver, k);
+            (d, id, Entry::Capacity(v))
+        })),
+    }
+}
+
+fn lookup<'a>(dev: DeviceRef<'a>, kind: Kind, domain: &str, id: &str) -> Option<Entry<'a>> {
+    match kind {
+        Kind::Attributes => find(dev.attributes, dev.driver, domain, id).map(Entry::Attribute),
+        Kind::Capacity => find(dev.capacity, dev.driver, domain, id).map(Entry::Capacity),
+    }
+}
+
+fn domain_of<'a>(dev: DeviceRef<'a>, kind: Kind, domain: &str) -> Option<&'a str> {
+    match kind {
+        Kind::Attributes => known_domain(dev.attributes, dev.driver, domain),
+        Kind::Capacity => known_domain(dev.capacity, dev.driver, domain),
+    }
+}
+
+fn version(s: &str) -> Result<SemverVal, ExecutionError> {
+    Version::parse(s).map(SemverVal).map_err(|e| {
+        ExecutionError::function_error("semver", format!("parse semantic version: {e}"))
+    })
+}
+
+/// One attribute or capacity as a CEL value; strings are borrowed, not copied.
+fn convert<'a>(entry: Entry<'a>) -> Result<Box<dyn Val + 'a>, ExecutionError> {
+    match entry {
+        Entry::Capacity(c) => {
+            let q: Quantity = c
+                .value
+                .0
+                .parse()
+                .map_err(|e| ExecutionError::function_error("quantity", e))?;
+            Ok(Box::new(QuantityVal(q)))
+        }
+        Entry::Attribute(a) => {
+            // Lists first, then scalars: the order Kubernetes reads the union in.
+            if let Some(v) = &a.ints {
+                let items = v
+                    .iter()
+                    .map(|i| Box::new(CelInt::from(*i)) as Box<dyn Val + 'a>);
+                return Ok(Box::new(CelList::from(items.collect::<Vec<_>>())));
+            }
+            if let Some(v) = &a.bools {
+                let items = v
+                    .iter()
+                    .map(|b| Box::new(CelBool::from(*b)) as Box<dyn Val + 'a>);
+                return Ok(Box::new(CelList::from(items.collect::<Vec<_>>())));
+            }
+            if let Some(v) = &a.strings {
+                let items = v
+                    .iter()
+                    .map(|s| Box::new(CelString::from(s.as_str())) as Box<dyn Val + 'a>);
+                return Ok(Box::new(CelList::from(items.collect::<Vec<_>>())));
+            }
+            if let Some(v) = &a.versions {
+                let mut items: Vec<Box<dyn Val + 'a>> = Vec::with_capacity(v.len());
+                for s in v {
+                    items.push(Box::new(version(s)?));
+                }
+                return Ok(Box::new(CelList::from(items)));
+            }
+            if let Some(i) = a.int {
+                return Ok(Box::new(CelInt::from(i)));
+            }
+            if let Some(b) = a.bool {
+                return Ok(Box::new(CelBool::from(b)));
+            }
+            if let Some(s) = &a.string {
+                return Ok(Box::new(CelString::from(s.as_str())));
+            }
+            if let Some(s) = &a.version {
+                return Ok(Box::new(version(s)?));
+            }
+            Err(ExecutionError::function_error(
+                "attribute",
+                "unsupported attribute value",
+            ))
+        }
+    }
+}
+
+fn key_str<'k>(key: &'k dyn Val) -> Result<&'k str, ExecutionError> {
+    key.downcast_ref::<CelString>()
+        .map(CelString::inner)
+        .ok_or_else(|| ExecutionError::UnexpectedType {
+            got: key.get_type().name().to_owned(),
+            want: "string".to_owned(),
+        })
+}
+
+/// The `device` variable.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DeviceVal<'a> {
+    pub dev: DeviceRef<'a>,
+}
+
+impl<'a> Indexer for DeviceVal<'a> {
+    fn get<'b, 'w>(&'b self, idx: &dyn Val) -> Result<CowVal<'b, 'w>, ExecutionError>
+    where
+        Self: 'w,
+    {
+        let dev = self.dev;
+        match key_str(idx)? {
+            "driver" => Ok(CowVal::owned(CelString::from(dev.driver))),
+            "allowMultipleAllocations" => {
+                Ok(CowVal::owned(CelBool::from(dev.allow_multiple_allocations)))
+            }
+            "attributes" => Ok(CowVal::owned(DomainsView::new(dev, Kind::Attributes))),
+            "capacity" => Ok(CowVal::owned(DomainsView::new(dev, Kind::Capacity))),
+            other => Err(ExecutionError::no_such_key(other)),
+        }
+    }
+
+    fn steal<'w>(self: Box<Self>, idx: &dyn Val) -> Result<Box<dyn Val + 'w>, ExecutionError>
+    where
+        Self: 'w,
+    {
+        self.get(idx).map(CowVal::into_owned)
+    }
+}
+
+impl<'a> Val for DeviceVal<'a> {
+    fn get_type(&self) -> &Type {
+        &DEVICE_TYPE
+    }
+    fn cel_type() -> &'static Type {
+        &DEVICE_TYPE
+    }
+    fn as_indexer<'b, 'w>(&'b self) -> Option<&'b (dyn Indexer + 'w)>
+    where
+        Self: 'w,
+    {
+        Some(self)
+    }
+    fn clone_as_boxed<'w>(&self) -> Box<dyn Val + 'w>
+    where
+        Self: 'w,
+    {
+        Box::new(*self)
+    }
+}
+
+/// `device.attributes` or `device.capacity`: domain → map of names.
+#[derive(Debug)]
+struct DomainsView<'a> {
+    dev: DeviceRef<'a>,
+    kind: Kind,
+    full: OnceLock<CelMap<'a>>,
+}
+
+impl<'a> DomainsView<'a> {
+    fn new(dev: DeviceRef<'a>, kind: Kind) -> Self {
+        DomainsView {
+            dev,
+            kind,
+            full: OnceLock::new(),
+        }
+    }
+
+    fn fresh(&self) -> Self {
+        DomainsView::new(self.dev, self.kind)
+    }
+
+    fn domains(&self) -> Vec<&'a str> {
+        let mut v: Vec<&'a str> = entries(self.dev, self.kind).map(|(d, _, _)| d).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    fn full(&self) -> &CelMap<'a> {
+        self.full.get_or_init(|| {
+            let map: HashMap<CelMapKey<'a>, Box<dyn Val + 'a>> = self
+                .domains()
+                .into_iter()
+                .map(|d| {
+                    let view = DomainView {
+                        dev: self.dev,
+                        kind: self.kind,
+                        domain: d,
+                        full: OnceLock::new(),
+                    };
+                    (CelMapKey::from(d), Box::new(view) as Box<dyn Val + 'a>)
+                })
+                .collect();
+            CelMap::from(map)
+        })
+    }
+}
+
+impl<'a> Indexer for DomainsView<'a> {
+    fn get<'b, 'w>(&'b self, idx: &dyn Val) -> Result<CowVal<'b, 'w>, ExecutionError>
+    where
+        Self: 'w,
+    {
+        let domain = key_str(idx)?;
+        Ok(match domain_of(self.dev, self.kind, domain) {
+            Some(domain) => CowVal::owned(DomainView {
+                dev: self.dev,
+                kind: self.kind,
+                domain,
+                full: OnceLock::new(),
+            }),
+            // Kubernetes: an unknown domain is an empty map, not an error.
+            None => CowVal::owned(CelMap::from(HashMap::new())),
+        })
+    }
+
+    fn steal<'w>(self: Box<Self>, idx: &dyn Val) -> Result<Box<dyn Val + 'w>, ExecutionError>
+    where
+        Self: 'w,
+    {
+        self.get(idx).map(CowVal::into_owned)
+    }
+}
+
+impl Container for DomainsView<'_> {
+    fn contains(&self, key: &dyn Val) -> Result<bool, ExecutionError> {
+        Ok(domain_of(self.dev, self.kind, key_str(key)?).is_some())
+    }
+}
+
+impl Sizer for DomainsView<'_> {
+    fn size(&self) -> CelInt {
+        CelInt::from(self.domains().len() as i64)
+    }
+}
+
+impl<'a> Iterable for DomainsView<'a> {
+    fn iter<'b, 'w>(&'b self) -> Box<dyn traits::Iterator<'b, 'w> + 'b>
+    where
+        Self: 'w,
+    {
+        match self.full().as_iterable() {
+            Some(it) => it.iter(),
+            None => Box::new(Empty),
+        }
+    }
+}
+
+/// `device.attributes["domain"]` for a domain the device has.
+#[derive(Debug)]
+struct DomainView<'a> {
+    dev: DeviceRef<'a>,
+    kind: Kind,
+    domain: &'a str,
+    full: OnceLock<CelMap<'a>>,
+}
+
+impl<'a> DomainView<'a> {
+    fn fresh(&self) -> Self {
+        DomainView {
+            dev: self.dev,
+            kind: self.kind,
+            domain: self.domain,
+            full: OnceLock::new(),
+        }
+    }
+
+    fn members(&self) -> impl Iterator<Item = (&'a str, Entry<'a>)> + 'a {
+        let domain = self.domain;
+        entries(self.dev, self.kind)
+            .filter(move |(d, _, _)| *d == domain)
+            .map(|(_, id, e)| (id, e))
+    }
+
+    fn full(&self) -> &CelMap<'a> {
+        self.full.get_or_init(|| {
+            let map: HashMap<CelMapKey<'a>, Box<dyn Val + 'a>> = self
+                .members()
+                .filter_map(|(id, e)| convert(e).ok().map(|v| (CelMapKey::from(id), v)))
+                .collect();
+            CelMap::from(map)
+        })
+    }
+}
+
+impl<'a> Indexer for DomainView<'a> {
+    fn get<'b, 'w>(&'b self, idx: &dyn Val) -> Result<CowVal<'b, 'w>, ExecutionError>
+    where
+        Self: 'w,
+    {
+        let id = key_str(idx)?;
+        match lookup(self.dev, self.kind, self.domain, id) {
+            Some(e) => convert(e).map(CowVal::Owned),
+            None => Err(ExecutionError::NoSuchKey(Arc::new(id.to_string()))),
+        }
+    }
+
+    fn steal<'w>(self: Box<Self>, idx: &dyn Val) -> Result<Box<dyn Val + 'w>, ExecutionError>
+    where
+        Self: 'w,
+    {
+        self.get(idx).map(CowVal::into_owned)
+    }
+}
+
+impl Container for DomainView<'_> {
+    fn contains(&self, key: &dyn Val) -> Result<bool, ExecutionError> {
+        Ok(lookup(self.dev, self.kind, self.domain, key_str(key)?).is_some())
+    }
+}
+
+impl Sizer for DomainView<'_> {
+    fn size(&self) -> CelInt {
+        CelInt::from(self.members().count() as i64)
+    }
+}
+
+impl<'a> Iterable for DomainView<'a> {
+    fn iter<'b, 'w>(&'b self) -> Box<dyn traits::Iterator<'b, 'w> + 'b>
+    where
+        Self: 'w,
+    {
+        match self.full().as_iterable() {
+            Some(it) => it.iter(),
+            None => Box::new(Empty),
+        }
+    }
+}
+
+struct Empty;
+impl<'b, 'v> traits::Iterator<'b, 'v> for Empty {
+    fn next(&mut self) -> Option<&'b (dyn Val + 'v)> {
+        None
+    }
+}
+
+macro_rules! map_view_val {
+    ($t:ident) => {
+        impl<'a> Val for $t<'a> {
+            fn get_type(&self) -> &Type {
+                &MAP_TYPE
+            }
+            fn cel_type() -> &'static Type {
+                &MAP_TYPE
+            }
+            fn as_indexer<'b, 'w>(&'b self) -> Option<&'b (dyn Indexer + 'w)>
+            where
+                Self: 'w,
+            {
+                Some(self)
+            }
+            fn as_container(&self) -> Option<&dyn Container> {
+                Some(self)
+            }
+            fn as_sizer(&self) -> Option<&dyn Sizer> {
+                Some(self)
+            }
+            fn as_iterable<'b, 'w>(&'b self) -> Option<&'b (dyn Iterable + 'w)>
+            where
+                Self: 'w,
+            {
+                Some(self)
+            }
+            fn equals(&self, other: &dyn Val) -> bool {
+                self.full().equals(other)
+            }
+            fn clone_as_boxed<'w>(&self) -> Box<dyn Val + 'w>
+            where
+                Self: 'w,
+            {
+                Box::new(self.fresh())
+            }
+        }
+    };
+}
+
+map_view_val!(DomainsView);
+map_view_val!(DomainView);

@@ -1,0 +1,609 @@
+//! The Kubernetes CEL libraries the `cel` crate lacks: quantity, semver, regex `find`/`findAll`,
+//! Kubernetes' lists library (`isSorted`, `sum`, `min`, `max`, `indexOf`, `lastIndexOf`,
+//! `includes`), sets, and the `cel.bind` macro.
+
+use std::cmp::Ordering;
+
+use cel::common::ast::{ComprehensionExpr, Expr, ListExpr, LiteralValue};
+use cel::common::types::{
+    BOOL_TYPE, CelBool, CelDouble, CelInt, CelList, CelString, DYN_TYPE, INT_TYPE, LIST_TYPE,
+    STRING_TYPE, Type,
+};
+use cel::common::value::{CowVal, Val};
+use cel::parser::Macro;
+use cel::{DeclarationError, Env, ExecutionError};
+
+use crate::quantity::{Format, Quantity};
+use crate::semver::Version;
+use crate::values::{QUANTITY_TYPE, QuantityVal, SEMVER_TYPE, SemverVal};
+
+type Args<'b, 'v> = Vec<CowVal<'b, 'v>>;
+type Ret<'b, 'v> = Result<CowVal<'b, 'v>, ExecutionError>;
+
+fn t(ty: &Type) -> Type {
+    ToOwned::to_owned(ty)
+}
+
+fn arg<'x, T: cel::common::value::StaticVal>(
+    args: &'x [CowVal<'_, '_>],
+    i: usize,
+    what: &str,
+) -> Result<&'x T, ExecutionError> {
+    let v = args
+        .get(i)
+        .ok_or_else(|| ExecutionError::invalid_argument_count(i + 1, args.len()))?;
+    v.downcast_ref::<T>()
+        .ok_or_else(|| ExecutionError::UnexpectedType {
+            got: v.get_type().name().to_owned(),
+            want: what.to_owned(),
+        })
+}
+
+fn string<'x>(args: &'x [CowVal<'_, '_>], i: usize) -> Result<&'x str, ExecutionError> {
+    let v = args
+        .get(i)
+        .ok_or_else(|| ExecutionError::invalid_argument_count(i + 1, args.len()))?;
+    v.downcast_ref::<CelString>()
+        .map(CelString::inner)
+        .ok_or_else(|| ExecutionError::UnexpectedType {
+            got: v.get_type().name().to_owned(),
+            want: "string".to_owned(),
+        })
+}
+
+fn int(args: &[CowVal<'_, '_>], i: usize) -> Result<i64, ExecutionError> {
+    let v = args
+        .get(i)
+        .ok_or_else(|| ExecutionError::invalid_argument_count(i + 1, args.len()))?;
+    v.downcast_ref::<CelInt>()
+        .map(|x| *x.inner())
+        .ok_or_else(|| ExecutionError::UnexpectedType {
+            got: v.get_type().name().to_owned(),
+            want: "int".to_owned(),
+        })
+}
+
+fn boolean(args: &[CowVal<'_, '_>], i: usize) -> Result<bool, ExecutionError> {
+    let v = args
+        .get(i)
+        .ok_or_else(|| ExecutionError::invalid_argument_count(i + 1, args.len()))?;
+    v.downcast_ref::<CelBool>()
+        .map(|x| *x.inner())
+        .ok_or_else(|| ExecutionError::UnexpectedType {
+            got: v.get_type().name().to_owned(),
+            want: "bool".to_owned(),
+        })
+}
+
+fn quantity<'x>(args: &'x [CowVal<'_, '_>], i: usize) -> Result<&'x Quantity, ExecutionError> {
+    arg::<QuantityVal>(args, i, "kubernetes.Quantity").map(|q| &q.0)
+}
+
+fn semver<'x>(args: &'x [CowVal<'_, '_>], i: usize) -> Result<&'x Version, ExecutionError> {
+    arg::<SemverVal>(args, i, "kubernetes.Semver").map(|v| &v.0)
+}
+
+fn ok<'b, 'v>(v: impl Val + 'v) -> Ret<'b, 'v> {
+    Ok(CowVal::owned(v))
+}
+
+fn cmp_int(o: Ordering) -> i64 {
+    match o {
+        Ordering::Less => -1,
+        Ordering::Equal => 0,
+        Ordering::Greater => 1,
+    }
+}
+
+// ---- quantity ----
+
+fn quantity_of<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let q: Quantity = string(&args, 0)?
+        .parse()
+        .map_err(|e| ExecutionError::function_error("quantity", e))?;
+    ok(QuantityVal(q))
+}
+fn is_quantity<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(CelBool::from(string(&args, 0)?.parse::<Quantity>().is_ok()))
+}
+fn q_compare_to<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(CelInt::from(cmp_int(
+        quantity(&args, 0)?.cmp(quantity(&args, 1)?),
+    )))
+}
+fn q_greater<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(CelBool::from(quantity(&args, 0)? > quantity(&args, 1)?))
+}
+fn q_less<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(CelBool::from(quantity(&args, 0)? < quantity(&args, 1)?))
+}
+fn overflow(f: &str) -> ExecutionError {
+    ExecutionError::function_error(f, "quantity out of range")
+}
+fn q_add<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(QuantityVal(
+        quantity(&args, 0)?
+            .checked_add(quantity(&args, 1)?)
+            .ok_or_else(|| overflow("add"))?,
+    ))
+}
+fn q_add_int<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let rhs = Quantity::from_integer(int(&args, 1)?, Format::DecimalExponent);
+    ok(QuantityVal(
+        quantity(&args, 0)?
+            .checked_add(&rhs)
+            .ok_or_else(|| overflow("add"))?,
+    ))
+}
+fn q_sub<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(QuantityVal(
+        quantity(&args, 0)?
+            .checked_sub(quantity(&args, 1)?)
+            .ok_or_else(|| overflow("sub"))?,
+    ))
+}
+fn q_sub_int<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let rhs = Quantity::from_integer(int(&args, 1)?, Format::DecimalExponent);
+    ok(QuantityVal(
+        quantity(&args, 0)?
+            .checked_sub(&rhs)
+            .ok_or_else(|| overflow("sub"))?,
+    ))
+}
+fn q_as_integer<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let v = quantity(&args, 0)?
+        .as_int64_like_kubernetes()
+        .ok_or_else(|| {
+            ExecutionError::function_error("asInteger", "cannot convert value to integer")
+        })?;
+    ok(CelInt::from(v))
+}
+fn q_is_integer<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(CelBool::from(
+        quantity(&args, 0)?.as_int64_like_kubernetes().is_some(),
+    ))
+}
+fn q_float<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(CelDouble::from(quantity(&args, 0)?.as_approximate_float()))
+}
+fn q_sign<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(CelInt::from(quantity(&args, 0)?.sign()))
+}
+
+// ---- semver ----
+
+fn parse_semver(s: &str, normalize: bool) -> Result<Version, String> {
+    if normalize {
+        Version::parse_normalized(s)
+    } else {
+        Version::parse(s)
+    }
+}
+fn semver_of<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let v = parse_semver(string(&args, 0)?, false)
+        .map_err(|e| ExecutionError::function_error("semver", e))?;
+    ok(SemverVal(v))
+}
+fn semver_of_norm<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let v = parse_semver(string(&args, 0)?, boolean(&args, 1)?)
+        .map_err(|e| ExecutionError::function_error("semver", e))?;
+    ok(SemverVal(v))
+}
+fn is_semver<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(CelBool::from(
+        parse_semver(string(&args, 0)?, false).is_ok(),
+    ))
+}
+fn is_semver_norm<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(CelBool::from(
+        parse_semver(string(&args, 0)?, boolean(&args, 1)?).is_ok(),
+    ))
+}
+fn v_compare_to<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(CelInt::from(cmp_int(
+        semver(&args, 0)?.compare(semver(&args, 1)?),
+    )))
+}
+fn v_greater<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(CelBool::from(
+        semver(&args, 0)?.compare(semver(&args, 1)?) == Ordering::Greater,
+    ))
+}
+fn v_less<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(CelBool::from(
+        semver(&args, 0)?.compare(semver(&args, 1)?) == Ordering::Less,
+    ))
+}
+fn v_major<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(CelInt::from(semver(&args, 0)?.major as i64))
+}
+fn v_minor<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(CelInt::from(semver(&args, 0)?.minor as i64))
+}
+fn v_patch<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(CelInt::from(semver(&args, 0)?.patch as i64))
+}
+
+// ---- regex ----
+
+fn regex(pattern: &str, f: &str) -> Result<regex::Regex, ExecutionError> {
+    regex::Regex::new(pattern).map_err(|e| ExecutionError::function_error(f, e))
+}
+fn find<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let re = regex(string(&args, 1)?, "find")?;
+    let found = re
+        .find(string(&args, 0)?)
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_default();
+    ok(CelString::from(found))
+}
+fn find_all_n(s: &str, pattern: &str, n: i64) -> Result<CelList<'static>, ExecutionError> {
+    let re = regex(pattern, "findAll")?;
+    let limit = if n < 0 { usize::MAX } else { n as usize };
+    let items: Vec<Box<dyn Val>> = re
+        .find_iter(s)
+        .take(limit)
+        .map(|m| Box::new(CelString::from(m.as_str().to_string())) as Box<dyn Val>)
+        .collect();
+    Ok(CelList::from(items))
+}
+fn find_all<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(find_all_n(string(&args, 0)?, string(&args, 1)?, -1)?)
+}
+fn find_all_limit<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(find_all_n(
+        string(&args, 0)?,
+        string(&args, 1)?,
+        int(&args, 2)?,
+    )?)
+}
+
+// ---- Kubernetes lists ----
+
+fn items<'x, 'v>(v: &'x CowVal<'_, 'v>) -> Result<Vec<&'x (dyn Val + 'v)>, ExecutionError> {
+    let it = v
+        .as_iterable()
+        .ok_or_else(|| ExecutionError::UnexpectedType {
+            got: v.get_type().name().to_owned(),
+            want: "list".to_owned(),
+        })?;
+    let mut out = Vec::new();
+    let mut iter = it.iter();
+    while let Some(x) = iter.next() {
+        out.push(x);
+    }
+    Ok(out)
+}
+
+fn compare(a: &dyn Val, b: &dyn Val, f: &str) -> Result<Ordering, ExecutionError> {
+    let c = a
+        .as_comparer()
+        .ok_or_else(|| ExecutionError::no_such_overload(f, vec![a.get_type().name().to_owned()]))?;
+    c.compare(b)
+}
+
+fn is_sorted<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let list = items(&args[0])?;
+    for w in list.windows(2) {
+        if compare(w[0], w[1], "isSorted")? == Ordering::Greater {
+            return ok(CelBool::from(false));
+        }
+    }
+    ok(CelBool::from(true))
+}
+
+fn sum<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let list = items(&args[0])?;
+    let mut acc: Option<Box<dyn Val + 'v>> = None;
+    for x in list {
+        acc = Some(match acc {
+            None => x.clone_as_boxed(),
+            Some(a) => {
+                let adder = a.as_adder().ok_or_else(|| {
+                    ExecutionError::no_such_overload("sum", vec![a.get_type().name().to_owned()])
+                })?;
+                adder.add(x)?.into_owned()
+            }
+        });
+    }
+    match acc {
+        Some(a) => Ok(CowVal::Owned(a)),
+        None => ok(CelInt::from(0)),
+    }
+}
+
+fn extreme<'b, 'v>(args: Args<'b, 'v>, name: &str, prefer: Ordering) -> Ret<'b, 'v> {
+    let list = items(&args[0])?;
+    let mut best: Option<&(dyn Val + 'v)> = None;
+    for x in list {
+        best = Some(match best {
+            None => {
+                compare(x, x, name)?;
+                x
+            }
+            Some(b) if compare(b, x, name)? == prefer => x,
+            Some(b) => b,
+        });
+    }
+    match best {
+        Some(b) => Ok(CowVal::Owned(b.clone_as_boxed())),
+        None => Err(ExecutionError::function_error(
+            name,
+            format!("{name} called on empty list"),
+        )),
+    }
+}
+fn min<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    extreme(args, "min", Ordering::Greater)
+}
+fn max<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    extreme(args, "max", Ordering::Less)
+}
+fn index_of<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let list = items(&args[0])?;
+    let i = list.iter().position(|x| x.equals(args[1].as_ref()));
+    ok(CelInt::from(i.map_or(-1, |i| i as i64)))
+}
+fn last_index_of<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let list = items(&args[0])?;
+    let i = list.iter().rposition(|x| x.equals(args[1].as_ref()));
+    ok(CelInt::from(i.map_or(-1, |i| i as i64)))
+}
+fn includes<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let target = &args[0];
+    let found = if target.get_type().name() == "list" {
+        items(target)?.iter().any(|x| x.equals(args[1].as_ref()))
+    } else {
+        target.equals(args[1].as_ref())
+    };
+    ok(CelBool::from(found))
+}
+
+// ---- sets ----
+
+fn contains_all(a: &[&dyn Val], b: &[&dyn Val]) -> bool {
+    b.iter().all(|y| a.iter().any(|x| x.equals(*y)))
+}
+fn sets_contains<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(CelBool::from(contains_all(
+        &items(&args[0])?,
+        &items(&args[1])?,
+    )))
+}
+fn sets_equivalent<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let (a, b) = (items(&args[0])?, items(&args[1])?);
+    ok(CelBool::from(contains_all(&a, &b) && contains_all(&b, &a)))
+}
+fn sets_intersects<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let (a, b) = (items(&args[0])?, items(&args[1])?);
+    ok(CelBool::from(
+        b.iter().any(|y| a.iter().any(|x| x.equals(*y))),
+    ))
+}
+
+// ---- equality with Kubernetes' own types ----
+
+/// The name `==` is rewritten to where its left operand may be a quantity or a version
+/// (`!=` never fails in cel-go, so it keeps CEL's own semantics).
+pub(crate) const EQUALS: &str = "@k8s_equals";
+
+/// cel-go asks the left operand: a quantity or a version compared with a value of another type
+/// is a "no such overload" error there, where CEL's own types just answer false.
+fn k8s_eq(args: &[CowVal<'_, '_>]) -> Result<bool, ExecutionError> {
+    let (a, b) = (args[0].as_ref(), args[1].as_ref());
+    let special =
+        a.downcast_ref::<QuantityVal>().is_some() || a.downcast_ref::<SemverVal>().is_some();
+    if special && a.get_type() != b.get_type() {
+        return Err(ExecutionError::no_such_overload(
+            "_==_",
+            vec![
+                a.get_type().name().to_owned(),
+                b.get_type().name().to_owned(),
+            ],
+        ));
+    }
+    Ok(a.equals(b))
+}
+fn k8s_equals<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    ok(CelBool::from(k8s_eq(&args)?))
+}
+
+/// `cel.bind(name, init, body)`: `body` with `name` bound to `init`, evaluated once. Expanded,
+/// as cel-go does, into a comprehension over an empty list whose accumulator is the binding.
+fn bind_macro() -> Macro {
+    Macro::receiver("bind", 3, |helper, target, args| {
+        let is_cel = matches!(target.as_ref().map(|t| &t.expr), Some(Expr::Ident(n)) if n == "cel");
+        if !is_cel {
+            return Ok(None);
+        }
+        let name = match &args[0].expr {
+            Expr::Ident(n) => n.clone(),
+            _ => {
+                return Err(helper.new_error(
+                    args[0].id,
+                    "cel.bind() variable names must be simple identifiers",
+                ));
+            }
+        };
+        let body = args.pop().expect("three arguments");
+        let init = args.pop().expect("three arguments");
+        let bind = ComprehensionExpr {
+            iter_range: helper.next_expr(Expr::List(ListExpr::new(Vec::new()))),
+            iter_var: "#unused".to_owned(),
+            iter_var2: None,
+            accu_var: name.clone(),
+            accu_init: init,
+            loop_cond: helper.next_expr(Expr::Literal(LiteralValue::Boolean(false.into()))),
+            loop_step: helper.next_expr(Expr::Ident(name)),
+            result: body,
+        };
+        Ok(Some(helper.next_expr(Expr::Comprehension(Box::new(bind)))))
+    })
+}
+
+/// Registers everything above on `env`.
+pub(crate) fn register(env: &mut Env) -> Result<(), DeclarationError> {
+    let q = || t(&QUANTITY_TYPE);
+    let v = || t(&SEMVER_TYPE);
+    let s = || t(&STRING_TYPE);
+    let l = || t(&LIST_TYPE);
+
+    env.add_overload("quantity", "string_to_quantity", vec![s()], quantity_of)?;
+    env.add_overload("isQuantity", "is_quantity_string", vec![s()], is_quantity)?;
+    env.add_member_overload(
+        "compareTo",
+        "quantity_compare_to",
+        q(),
+        vec![q()],
+        q_compare_to,
+    )?;
+    env.add_member_overload(
+        "isGreaterThan",
+        "quantity_is_greater_than",
+        q(),
+        vec![q()],
+        q_greater,
+    )?;
+    env.add_member_overload(
+        "isLessThan",
+        "quantity_is_less_than",
+        q(),
+        vec![q()],
+        q_less,
+    )?;
+    env.add_member_overload("add", "quantity_add", q(), vec![q()], q_add)?;
+    env.add_member_overload(
+        "add",
+        "quantity_add_int",
+        q(),
+        vec![t(&INT_TYPE)],
+        q_add_int,
+    )?;
+    env.add_member_overload("sub", "quantity_sub", q(), vec![q()], q_sub)?;
+    env.add_member_overload(
+        "sub",
+        "quantity_sub_int",
+        q(),
+        vec![t(&INT_TYPE)],
+        q_sub_int,
+    )?;
+    env.add_member_overload("asInteger", "quantity_get_int", q(), vec![], q_as_integer)?;
+    env.add_member_overload(
+        "isInteger",
+        "quantity_is_integer",
+        q(),
+        vec![],
+        q_is_integer,
+    )?;
+    env.add_member_overload(
+        "asApproximateFloat",
+        "quantity_get_float",
+        q(),
+        vec![],
+        q_float,
+    )?;
+    env.add_overload("sign", "quantity_sign", vec![q()], q_sign)?;
+
+    env.add_overload("semver", "string_to_semver", vec![s()], semver_of)?;
+    env.add_overload(
+        "semver",
+        "string_bool_to_semver",
+        vec![s(), t(&BOOL_TYPE)],
+        semver_of_norm,
+    )?;
+    env.add_overload("isSemver", "is_semver_string", vec![s()], is_semver)?;
+    env.add_overload(
+        "isSemver",
+        "is_semver_string_bool",
+        vec![s(), t(&BOOL_TYPE)],
+        is_semver_norm,
+    )?;
+    env.add_member_overload(
+        "compareTo",
+        "semver_compare_to",
+        v(),
+        vec![v()],
+        v_compare_to,
+    )?;
+    env.add_member_overload(
+        "isGreaterThan",
+        "semver_is_greater_than",
+        v(),
+        vec![v()],
+        v_greater,
+    )?;
+    env.add_member_overload("isLessThan", "semver_is_less_than", v(), vec![v()], v_less)?;
+    env.add_member_overload("major", "semver_major", v(), vec![], v_major)?;
+    env.add_member_overload("minor", "semver_minor", v(), vec![], v_minor)?;
+    env.add_member_overload("patch", "semver_patch", v(), vec![], v_patch)?;
+
+    env.add_member_overload("find", "string_find_string", s(), vec![s()], find)?;
+    env.add_member_overload(
+        "findAll",
+        "string_find_all_string",
+        s(),
+        vec![s()],
+        find_all,
+    )?;
+    env.add_member_overload(
+        "findAll",
+        "string_find_all_string_int",
+        s(),
+        vec![s(), t(&INT_TYPE)],
+        find_all_limit,
+    )?;
+
+    env.add_member_overload("isSorted", "list_is_sorted", l(), vec![], is_sorted)?;
+    env.add_member_overload("sum", "list_sum", l(), vec![], sum)?;
+    env.add_member_overload("min", "list_min", l(), vec![], min)?;
+    env.add_member_overload("max", "list_max", l(), vec![], max)?;
+    env.add_member_overload(
+        "indexOf",
+        "list_index_of",
+        l(),
+        vec![t(&DYN_TYPE)],
+        index_of,
+    )?;
+    env.add_member_overload(
+        "lastIndexOf",
+        "list_last_index_of",
+        l(),
+        vec![t(&DYN_TYPE)],
+        last_index_of,
+    )?;
+    env.add_member_overload(
+        "includes",
+        "list_includes_dyn_dyn",
+        t(&DYN_TYPE),
+        vec![t(&DYN_TYPE)],
+        includes,
+    )?;
+
+    env.add_overload(
+        "sets.contains",
+        "list_sets_contains_list",
+        vec![l(), l()],
+        sets_contains,
+    )?;
+    env.add_overload(
+        "sets.equivalent",
+        "list_sets_equivalent_list",
+        vec![l(), l()],
+        sets_equivalent,
+    )?;
+    env.add_overload(
+        "sets.intersects",
+        "list_sets_intersects_list",
+        vec![l(), l()],
+        sets_intersects,
+    )?;
+
+    env.add_overload(
+        EQUALS,
+        "k8s_equals",
+        vec![t(&DYN_TYPE), t(&DYN_TYPE)],
+        k8s_equals,
+    )?;
+    env.add_macro(bind_macro())?;
+    Ok(())
+}
