@@ -52,10 +52,11 @@ feature_gates() {
 # Controllers the tests rely on. node-lifecycle is deliberately absent: with no kubelets it
 # would mark every Node NotReady and taint it after ~40 s.
 KCM_CONTROLLERS=(
-  resourceclaim device-taint-eviction
-  deployment replicaset statefulset job
-  garbage-collector namespace
-  serviceaccount serviceaccount-token
+  resourceclaim-controller device-taint-eviction-controller
+  deployment-controller replicaset-controller statefulset-controller job-controller
+  garbage-collector-controller namespace-controller
+  serviceaccount-controller serviceaccount-token-controller
+  root-ca-certificate-publisher-controller
 )
 
 log() { echo "cluster.sh: $*" >&2; }
@@ -79,7 +80,15 @@ build() {
   # leaves a half-written binary that looks complete.
   local tmp
   tmp=$(mktemp -d "$BIN/.build.XXXXXX")
-  (cd "$HERE" && go build -trimpath -o "$tmp/" "${pkgs[@]}") || { rm -rf "$tmp"; die "go build failed for ${missing[*]}"; }
+  # Stamp the release into the binaries, as Kubernetes' own build does, so `kubectl version`
+  # and the components report v1.37.x instead of v0.0.0-master.
+  local v=${K8S_VERSION#v} ldflags="" pkg
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=${v%%.*}"
+    ldflags+=" -X $pkg.gitMinor=$(echo "$v" | cut -d. -f2) -X $pkg.gitTreeState=clean"
+  done
+  (cd "$HERE" && go build -trimpath -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}") \
+    || { rm -rf "$tmp"; die "go build failed for ${missing[*]}"; }
   mv "$tmp"/* "$BIN/"
   rmdir "$tmp"
 }
@@ -95,11 +104,19 @@ start() {
   echo $! >"$dir/pids/$name"
 }
 
+# wait_for NAME SECONDS DIR CHECK...: poll CHECK until it succeeds, NAME's process dies, or
+# SECONDS pass; on failure show the end of NAME's log.
 wait_for() {
-  local what=$1 seconds=$2 logfile=$3; shift 3
-  local i
+  local what=$1 seconds=$2 dir=$3; shift 3
+  local logfile=$dir/logs/$what.log pid i
+  pid=$(cat "$dir/pids/$what")
   for ((i = 0; i < seconds * 4; i++)); do
     if "$@" >/dev/null 2>&1; then return 0; fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      log "$what exited before it became ready; last lines of $logfile:"
+      tail -n 30 "$logfile" >&2 || true
+      return 1
+    fi
     sleep 0.25
   done
   log "$what did not become ready in ${seconds}s; last lines of $logfile:"
@@ -181,7 +198,7 @@ up() {
     --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
     --initial-cluster "test=http://127.0.0.1:$etcd_peer" \
     --quota-backend-bytes 4294967296 --unsafe-no-fsync --log-level warn
-  wait_for etcd 60 "$dir/logs/etcd.log" \
+  wait_for etcd 60 "$dir" \
     curl -sf "http://127.0.0.1:$etcd_client/health" || { down "$dir"; exit 1; }
 
   local pki=$dir/pki
@@ -197,12 +214,13 @@ up() {
     --authorization-mode Node,RBAC \
     --runtime-config resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true \
     --feature-gates "$(feature_gates)" \
+    --endpoint-reconciler-type none \
     --enable-priority-and-fairness=false \
     --profiling=false
   kubeconfig "$dir" admin "$api_port"
   kubeconfig "$dir" controller-manager "$api_port"
   kubeconfig "$dir" scheduler "$api_port"
-  wait_for kube-apiserver 120 "$dir/logs/kube-apiserver.log" \
+  wait_for kube-apiserver 180 "$dir" \
     "$BIN/kubectl" --kubeconfig "$dir/admin.kubeconfig" get --raw /readyz || { down "$dir"; exit 1; }
 
   local controllers
@@ -220,7 +238,7 @@ up() {
     --concurrent-deployment-syncs 10 --concurrent-replicaset-syncs 10
   # The controller manager is ready once it has created the default ServiceAccount
   # (pods are admitted only then).
-  wait_for kube-controller-manager 120 "$dir/logs/kube-controller-manager.log" \
+  wait_for kube-controller-manager 120 "$dir" \
     "$BIN/kubectl" --kubeconfig "$dir/admin.kubeconfig" -n default get serviceaccount default \
     || { down "$dir"; exit 1; }
   log "cluster up in $dir (kube-apiserver https://127.0.0.1:$api_port)"

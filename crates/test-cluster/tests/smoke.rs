@@ -21,14 +21,14 @@ fn meta(name: &str) -> ObjectMeta {
 fn gpu_class(name: &str) -> DeviceClass {
     DeviceClass {
         metadata: meta(name),
-        spec: DeviceClassSpec {
+        spec: Some(DeviceClassSpec {
             selectors: Some(vec![DeviceSelector {
                 cel: Some(CELDeviceSelector {
                     expression: "device.driver == 'gpu.example.com'".into(),
                 }),
             }]),
             ..Default::default()
-        },
+        }),
     }
 }
 
@@ -94,13 +94,13 @@ async fn device_class_slice_and_claim_round_trip() {
     let claims = ns.api::<ResourceClaim>();
     let claim = ResourceClaim {
         metadata: meta("single-gpu"),
-        spec: one_device(&class_name),
+        spec: Some(one_device(&class_name)),
         status: None,
     };
     claims.create(&PostParams::default(), &claim).await.unwrap();
 
     let class = classes.get(&class_name).await.unwrap();
-    let selector = &class.spec.selectors.as_ref().unwrap()[0];
+    let selector = &class.spec.unwrap().selectors.unwrap()[0];
     assert_eq!(selector.cel.as_ref().unwrap().expression, "device.driver == 'gpu.example.com'");
 
     let read = slices.get(&slice_name).await.unwrap();
@@ -110,7 +110,7 @@ async fn device_class_slice_and_claim_round_trip() {
     assert_eq!(read.spec.pool.name, "node-a");
 
     let read = claims.get("single-gpu").await.unwrap();
-    let request = &read.spec.devices.unwrap().requests.unwrap()[0];
+    let request = &read.spec.unwrap().devices.unwrap().requests.unwrap()[0];
     assert_eq!(request.exactly.as_ref().unwrap().device_class_name, class_name);
     // The API server defaults allocationMode and count.
     assert_eq!(request.exactly.as_ref().unwrap().allocation_mode.as_deref(), Some("ExactCount"));
@@ -127,7 +127,7 @@ async fn controller_manager_generates_claim_from_template() {
     let templates = ns.api::<ResourceClaimTemplate>();
     let template = ResourceClaimTemplate {
         metadata: meta("one-gpu"),
-        spec: ResourceClaimTemplateSpec { spec: one_device("gpu.example.com"), metadata: None },
+        spec: Some(ResourceClaimTemplateSpec { spec: one_device("gpu.example.com"), metadata: None }),
     };
     templates.create(&PostParams::default(), &template).await.unwrap();
 
@@ -179,7 +179,7 @@ async fn controller_manager_generates_claim_from_template() {
         annotations.get("resource.kubernetes.io/pod-claim-name").map(String::as_str),
         Some("gpu")
     );
-    let request = &claim.spec.devices.unwrap().requests.unwrap()[0];
+    let request = &claim.spec.unwrap().devices.unwrap().requests.unwrap()[0];
     assert_eq!(request.exactly.as_ref().unwrap().device_class_name, "gpu.example.com");
 }
 

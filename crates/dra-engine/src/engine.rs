@@ -1,0 +1,567 @@
+//! One pod's scheduling cycle: claims → core filters → allocator per node → score → pick.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use dra_allocator::{AllocError, Allocator, Features, Outcome, Snapshot, SnapshotInput};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus,
+};
+use rayon::prelude::*;
+
+use crate::extended;
+use crate::filters;
+use crate::resources::pod_requests;
+use crate::state::{ClusterInput, ClusterState, NodeInfo, ObjectKey, bound_node};
+
+/// How the engine chooses.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Pods whose `spec.schedulerName` is this are ours.
+    pub scheduler_name: String,
+    /// Stop looking once this share of nodes is feasible (0: kube-scheduler's adaptive
+    /// default, 50% minus 1% per 125 nodes, at least 5% and at least 100 nodes).
+    pub percentage_of_nodes_to_score: u32,
+    /// DRA features that are on.
+    pub features: Features,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            scheduler_name: "dra-scheduler".into(),
+            percentage_of_nodes_to_score: 0,
+            features: Features::default(),
+        }
+    }
+}
+
+/// What happens to one of the pod's claims on the chosen node.
+#[derive(Clone, Debug)]
+pub struct ClaimDecision {
+    pub key: ObjectKey,
+    /// The claim as the engine knows it (for an extended-resource claim: the one to create).
+    pub claim: ResourceClaim,
+    /// The new allocation; `None` when the claim was already allocated.
+    pub allocation: Option<AllocationResult>,
+    /// The claim does not exist in the API yet: it serves extended resources of the pod.
+    pub create: bool,
+}
+
+/// A pod placed on a node.
+#[derive(Clone, Debug)]
+pub struct Placement {
+    pub pod: ObjectKey,
+    pub pod_uid: Option<String>,
+    pub node: String,
+    pub claims: Vec<ClaimDecision>,
+}
+
+/// The outcome of one scheduling cycle.
+#[derive(Clone, Debug)]
+pub enum Decision {
+    Scheduled(Placement),
+    /// No node fits now; `message` says why, grouped by reason.
+    Unschedulable { pod: ObjectKey, message: String },
+    /// The attempt itself failed (a CEL error, a missing class, an invalid pool...): the
+    /// message names the object and the cause; the pod should back off.
+    Error { pod: ObjectKey, message: String },
+}
+
+impl Decision {
+    pub fn node(&self) -> Option<&str> {
+        match self {
+            Decision::Scheduled(p) => Some(&p.node),
+            _ => None,
+        }
+    }
+
+    pub fn message(&self) -> Option<&str> {
+        match self {
+            Decision::Scheduled(_) => None,
+            Decision::Unschedulable { message, .. } | Decision::Error { message, .. } => {
+                Some(message)
+            }
+        }
+    }
+
+    pub fn pod(&self) -> &ObjectKey {
+        match self {
+            Decision::Scheduled(p) => &p.pod,
+            Decision::Unschedulable { pod, .. } | Decision::Error { pod, .. } => pod,
+        }
+    }
+}
+
+/// Cluster state plus the scheduling cycle.
+pub struct Engine {
+    config: EngineConfig,
+    state: ClusterState,
+    /// The allocator's view, rebuilt when slices, classes or taint rules change and kept up
+    /// to date with allocations in between.
+    snapshot: Option<Arc<Snapshot>>,
+}
+
+/// A node that passed or failed, with why.
+enum NodeResult {
+    Feasible { node: String, allocations: Vec<AllocationResult>, score: Score, ext_claim: bool },
+    Unfit(String),
+    Error(String),
+}
+
+/// Higher is better, compared in field order; ties go to the node name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Score {
+    /// firstAvailable: sum over requests of (8 - chosen index), like upstream.
+    prioritized: u32,
+    /// Fewer fully free NUMA domains broken into.
+    numa_kept: i64,
+    /// Fewer free devices left on the node: pack devices, keep whole nodes free.
+    packing: i64,
+    /// Least allocated cpu and memory, in per-mille of allocatable.
+    least_allocated: i64,
+}
+
+impl Engine {
+    pub fn new(config: EngineConfig, input: ClusterInput) -> Self {
+        Engine { config, state: ClusterState::new(input), snapshot: None }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    /// Change the state; the allocator's view is rebuilt on the next cycle.
+    pub fn state_mut(&mut self) -> &mut ClusterState {
+        self.snapshot = None;
+        &mut self.state
+    }
+
+    /// Pods waiting for this scheduler, in queue order: higher priority first, then the
+    /// order they were given in (`order` maps a pod to its position).
+    pub fn pending_pods(&self, order: &dyn Fn(&ObjectKey) -> usize, all: bool) -> Vec<ObjectKey> {
+        let mut pending: Vec<(&ObjectKey, &Pod)> = self
+            .state
+            .pods
+            .iter()
+            .filter(|(_, p)| bound_node(p).is_none() && !crate::state::is_terminal(p))
+            .filter(|(_, p)| all || self.is_ours(p))
+            .collect();
+        pending.sort_by_key(|(k, p)| {
+            (std::cmp::Reverse(p.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)), order(k))
+        });
+        pending.into_iter().map(|(k, _)| k.clone()).collect()
+    }
+
+    /// Whether `pod` names this scheduler.
+    pub fn is_ours(&self, pod: &Pod) -> bool {
+        let name = pod.spec.as_ref().and_then(|s| s.scheduler_name.as_deref());
+        name.unwrap_or("default-scheduler") == self.config.scheduler_name
+    }
+
+    fn snapshot(&mut self) -> Arc<Snapshot> {
+        if let Some(s) = &self.snapshot {
+            return s.clone();
+        }
+        let allocations = self
+            .state
+            .claims
+            .values()
+            .filter_map(|c| c.status.as_ref()?.allocation.clone())
+            .collect();
+        let snapshot = Arc::new(Snapshot::new(SnapshotInput {
+            classes: self.state.classes.clone(),
+            slices: self.state.slices.clone(),
+            taint_rules: self.state.taint_rules.clone(),
+            allocations,
+            features: self.config.features.clone(),
+        }));
+        self.snapshot = Some(snapshot.clone());
+        snapshot
+    }
+
+    /// The claims a pod references, by pod claim name, or why one is not usable yet.
+    fn pod_claims(&self, pod: &Pod) -> Result<Vec<ObjectKey>, String> {
+        let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
+        let mut keys = Vec::new();
+        for pc in pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()).into_iter().flatten() {
+            let name = if let Some(name) = pc.resource_claim_name.as_deref() {
+                name.to_string()
+            } else if pc.resource_claim_template_name.is_some() {
+                match statuses.and_then(|s| s.iter().find(|s| s.name == pc.name)) {
+                    Some(s) => match s.resource_claim_name.as_deref() {
+                        Some(n) => n.to_string(),
+                        // The controller decided the pod needs no claim here.
+                        None => continue,
+                    },
+                    None => {
+                        return Err(format!(
+                            "waiting for the ResourceClaim of pod claim {} to be created from ResourceClaimTemplate {}",
+                            pc.name,
+                            pc.resource_claim_template_name.as_deref().unwrap_or_default()
+                        ));
+                    }
+                }
+            } else {
+                return Err(format!("pod claim {} names neither a claim nor a template", pc.name));
+            };
+            let key = ObjectKey::new(ns.clone(), name);
+            let Some(claim) = self.state.claims.get(&key) else {
+                return Err(format!("ResourceClaim {key} not found"));
+            };
+            if claim.metadata.deletion_timestamp.is_some() {
+                return Err(format!("ResourceClaim {key} is being deleted"));
+            }
+            if let (Some(template), Some(owner)) = (
+                pc.resource_claim_template_name.as_deref(),
+                pod.metadata.name.as_deref(),
+            ) {
+                let owned = claim.metadata.owner_references.iter().flatten().any(|o| {
+                    o.kind == "Pod"
+                        && o.name == owner
+                        && (pod.metadata.uid.is_none() || pod.metadata.uid.as_deref() == Some(&o.uid))
+                });
+                if !owned {
+                    return Err(format!(
+                        "ResourceClaim {key} was not created for this pod from template {template}"
+                    ));
+                }
+            }
+            keys.push(key);
+        }
+        Ok(keys)
+    }
+
+    /// Run the scheduling cycle for one pod. Does not change the state: call
+    /// [`Engine::assume`] with a `Scheduled` decision to take it.
+    pub fn schedule(&mut self, pod_key: &ObjectKey) -> Decision {
+        let Some(pod) = self.state.pods.get(pod_key).cloned() else {
+            return Decision::Error { pod: pod_key.clone(), message: format!("pod {pod_key} not found") };
+        };
+        let unschedulable = |message: String| Decision::Unschedulable { pod: pod_key.clone(), message };
+        let claim_keys = match self.pod_claims(&pod) {
+            Ok(k) => k,
+            Err(message) => return unschedulable(message),
+        };
+        let requests = match pod_requests(&pod) {
+            Ok(r) => r,
+            Err(e) => return Decision::Error { pod: pod_key.clone(), message: format!("pod {pod_key}: {e}") },
+        };
+        let pod_uid = pod.metadata.uid.clone();
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
+
+        // Claims already allocated are checked by node selector; the rest are allocated.
+        let mut allocated: Vec<(ObjectKey, ResourceClaim)> = Vec::new();
+        let mut to_allocate: Vec<(ObjectKey, ResourceClaim)> = Vec::new();
+        for key in &claim_keys {
+            let claim = self.state.claims[key].clone();
+            let status = claim.status.as_ref();
+            let reserved = status.and_then(|s| s.reserved_for.as_ref()).map(Vec::len).unwrap_or(0);
+            let reserved_for_us = status
+                .and_then(|s| s.reserved_for.as_ref())
+                .is_some_and(|r| r.iter().any(|c| c.resource == "pods" && c.name == pod_name));
+            if reserved >= 256 && !reserved_for_us {
+                return unschedulable(format!("ResourceClaim {key} is reserved for the maximum of 256 consumers"));
+            }
+            if status.and_then(|s| s.allocation.as_ref()).is_some() {
+                allocated.push((key.clone(), claim));
+            } else if !to_allocate.iter().any(|(k, _)| k == key) {
+                to_allocate.push((key.clone(), claim));
+            }
+        }
+
+        // Extended resources served by DRA, resolved per node below.
+        let ext = extended::requests_served_by_dra(&requests, &self.state.classes);
+
+        let snapshot = self.snapshot();
+        // Claims are checked and their selectors compiled once for all nodes.
+        let plain: Vec<&ResourceClaim> = to_allocate.iter().map(|(_, c)| c).collect();
+        let allocator_plain = match (!plain.is_empty()).then(|| Allocator::new(&snapshot, &plain)) {
+            None => None,
+            Some(Ok(a)) => Some(a),
+            Some(Err(e)) => return Decision::Error { pod: pod_key.clone(), message: attempt_error(&e) },
+        };
+        let ext_claim_all = (!ext.is_empty())
+            .then(|| extended::claim_for(&pod_key.namespace, &pod_name, &ext.iter().collect::<Vec<_>>()));
+        let allocator_ext = match ext_claim_all.as_ref().map(|c| {
+            let mut claims = plain.clone();
+            claims.push(c);
+            Allocator::new(&snapshot, &claims)
+        }) {
+            None => None,
+            Some(Ok(a)) => Some(a),
+            Some(Err(e)) => return Decision::Error { pod: pod_key.clone(), message: attempt_error(&e) },
+        };
+        let node_names: Vec<String> = self.state.nodes.keys().cloned().collect();
+        let total = node_names.len();
+        let wanted = self.feasible_nodes_to_find(total);
+        let state = &self.state;
+        let ports = filters::host_ports(&pod);
+
+        let evaluate = |name: &String| -> NodeResult {
+            let info = &state.nodes[name];
+            let node = &info.node;
+            let check = filters::node_name(&pod, node)
+                .and_then(|_| filters::unschedulable(&pod, node))
+                .and_then(|_| filters::taints(&pod, node))
+                .and_then(|_| filters::node_affinity(&pod, node))
+                .and_then(|_| match &info.broken {
+                    Some(b) => Err(b.clone()),
+                    None => Ok(()),
+                })
+                .and_then(|_| {
+                    filters::resources_fit(&requests, &info.allocatable, &info.used, info.pods, &|r| {
+                        ext.iter().any(|e| e.resource == r)
+                    })
+                })
+                .and_then(|_| filters::host_ports_free(&ports, &info.ports));
+            if let Err(reason) = check {
+                return NodeResult::Unfit(reason);
+            }
+            for (key, claim) in &allocated {
+                if let Some(sel) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()).and_then(|a| a.node_selector.as_ref())
+                    && !filters::node_selector_terms_match(&sel.node_selector_terms, node)
+                {
+                    return NodeResult::Unfit(format!(
+                        "ResourceClaim {key} is allocated to devices not reachable from the node"
+                    ));
+                }
+            }
+            // Extended resources the node has no device-plugin capacity for go to DRA.
+            let ext_here: Vec<&extended::ExtendedRequest> =
+                ext.iter().filter(|e| !info.allocatable.0.contains_key(&e.resource)).collect();
+            let own;
+            let allocator = if ext_here.is_empty() {
+                allocator_plain.as_ref()
+            } else if ext_here.len() == ext.len() {
+                allocator_ext.as_ref()
+            } else {
+                // Some extended resources by device plugin, others by DRA: a rare mix.
+                let claim = extended::claim_for(&pod_key.namespace, &pod_name, &ext_here);
+                let mut claims: Vec<&ResourceClaim> = to_allocate.iter().map(|(_, c)| c).collect();
+                claims.push(&claim);
+                own = match Allocator::new(&snapshot, &claims) {
+                    Ok(a) => a,
+                    Err(e) => return NodeResult::Error(attempt_error(&e)),
+                };
+                Some(&own)
+            };
+            let (allocations, quality) = match allocator {
+                None => (Vec::new(), None),
+                Some(allocator) => match allocator.allocate(node) {
+                    Ok(Outcome::Allocated(a)) => (a.results, Some(a.quality)),
+                    Ok(Outcome::Unfit(explanation)) => {
+                        return NodeResult::Unfit(describe_unfit(&explanation));
+                    }
+                    Err(e) => return NodeResult::Error(attempt_error(&e)),
+                },
+            };
+            NodeResult::Feasible {
+                node: name.clone(),
+                allocations,
+                score: score(info, &requests, quality.as_ref()),
+                ext_claim: !ext_here.is_empty(),
+            }
+        };
+
+        // Evaluate nodes in parallel, a chunk at a time, until enough are feasible.
+        let mut results: Vec<NodeResult> = Vec::with_capacity(total);
+        let mut feasible = 0;
+        let chunk = 64.max(wanted.min(total));
+        for names in node_names.chunks(chunk) {
+            let part: Vec<NodeResult> = names.par_iter().map(&evaluate).collect();
+            if let Some(NodeResult::Error(message)) = part.iter().find(|r| matches!(r, NodeResult::Error(_))) {
+                return Decision::Error { pod: pod_key.clone(), message: message.clone() };
+            }
+            feasible += part.iter().filter(|r| matches!(r, NodeResult::Feasible { .. })).count();
+            results.extend(part);
+            if feasible >= wanted {
+                break;
+            }
+        }
+
+        let best = results
+            .iter()
+            .filter_map(|r| match r {
+                NodeResult::Feasible { node, score, .. } => Some((score, node)),
+                _ => None,
+            })
+            // Highest score; among equals, the first node by name.
+            .max_by(|a, b| a.0.cmp(b.0).then_with(|| b.1.cmp(a.1)))
+            .map(|(_, n)| n.clone());
+        let Some(best) = best else {
+            return unschedulable(group_reasons(total, &results));
+        };
+        let Some(NodeResult::Feasible { node, allocations, ext_claim, .. }) = results
+            .into_iter()
+            .find(|r| matches!(r, NodeResult::Feasible { node, .. } if *node == best))
+        else {
+            unreachable!("the best node is among the results")
+        };
+
+        let mut allocations = allocations.into_iter();
+        let mut claims: Vec<ClaimDecision> = Vec::new();
+        for key in &claim_keys {
+            if let Some((_, claim)) = allocated.iter().find(|(k, _)| k == key) {
+                claims.push(ClaimDecision { key: key.clone(), claim: claim.clone(), allocation: None, create: false });
+            } else if !claims.iter().any(|c| &c.key == key) {
+                let claim = self.state.claims[key].clone();
+                claims.push(ClaimDecision { key: key.clone(), claim, allocation: allocations.next(), create: false });
+            }
+        }
+        if ext_claim {
+            let info = &self.state.nodes[&node];
+            let ext_here: Vec<&extended::ExtendedRequest> =
+                ext.iter().filter(|e| !info.allocatable.0.contains_key(&e.resource)).collect();
+            let claim = extended::claim_for(&pod_key.namespace, &pod_name, &ext_here);
+            let key = ObjectKey::of(&claim.metadata);
+            claims.push(ClaimDecision { key, claim, allocation: allocations.next(), create: true });
+        }
+        Decision::Scheduled(Placement { pod: pod_key.clone(), pod_uid, node, claims })
+    }
+
+    fn feasible_nodes_to_find(&self, total: usize) -> usize {
+        if total < 100 {
+            return total.max(1);
+        }
+        let pct = match self.config.percentage_of_nodes_to_score {
+            0 => (50 - total as i64 / 125).max(5) as usize,
+            p => p.min(100) as usize,
+        };
+        (total * pct / 100).max(100)
+    }
+
+    /// Take a scheduled decision: claims get their allocation and the pod in `reservedFor`,
+    /// the pod is bound to the node, and every later cycle sees it.
+    pub fn assume(&mut self, placement: &Placement) {
+        let pod_ref = ResourceClaimConsumerReference {
+            resource: "pods".into(),
+            name: placement.pod.name.clone(),
+            uid: placement.pod_uid.clone().unwrap_or_default(),
+            api_group: None,
+        };
+        for decision in &placement.claims {
+            let claim = self.state.claims.entry(decision.key.clone()).or_insert_with(|| decision.claim.clone());
+            let status = claim.status.get_or_insert_with(ResourceClaimStatus::default);
+            if let Some(allocation) = &decision.allocation {
+                status.allocation = Some(allocation.clone());
+                if let Some(snapshot) = self.snapshot.as_mut().and_then(Arc::get_mut) {
+                    snapshot.add_allocation(allocation);
+                } else {
+                    self.snapshot = None;
+                }
+            }
+            let reserved = status.reserved_for.get_or_insert_with(Vec::new);
+            if !reserved.iter().any(|r| r.name == pod_ref.name && r.resource == "pods") {
+                reserved.push(pod_ref.clone());
+            }
+        }
+        if let Some(mut pod) = self.state.pods.get(&placement.pod).cloned() {
+            pod.spec.get_or_insert_with(Default::default).node_name = Some(placement.node.clone());
+            self.state.upsert_pod(pod);
+        }
+    }
+
+    /// Undo [`Engine::assume`] (a write failed): the pod is pending again and the devices it
+    /// was given are free again.
+    pub fn forget(&mut self, placement: &Placement) {
+        for decision in &placement.claims {
+            let Some(claim) = self.state.claims.get_mut(&decision.key) else { continue };
+            if decision.create {
+                self.state.claims.remove(&decision.key);
+                if let Some(allocation) = &decision.allocation {
+                    self.release(allocation);
+                }
+                continue;
+            }
+            let status = claim.status.get_or_insert_with(ResourceClaimStatus::default);
+            if let Some(reserved) = status.reserved_for.as_mut() {
+                reserved.retain(|r| !(r.resource == "pods" && r.name == placement.pod.name));
+            }
+            if let Some(allocation) = &decision.allocation {
+                status.allocation = None;
+                let allocation = allocation.clone();
+                self.release(&allocation);
+            }
+        }
+        if let Some(mut pod) = self.state.pods.get(&placement.pod).cloned() {
+            if let Some(spec) = pod.spec.as_mut() {
+                spec.node_name = None;
+            }
+            self.state.upsert_pod(pod);
+        }
+    }
+
+    fn release(&mut self, allocation: &AllocationResult) {
+        if let Some(snapshot) = self.snapshot.as_mut().and_then(Arc::get_mut) {
+            snapshot.remove_allocation(allocation);
+        } else {
+            self.snapshot = None;
+        }
+    }
+}
+
+fn score(info: &NodeInfo, requests: &crate::resources::ResourceList, quality: Option<&dra_allocator::Quality>) -> Score {
+    let free_share = |name: &str| -> i64 {
+        let alloc = info.allocatable.get(name).nanos();
+        if alloc <= 0 {
+            return 0;
+        }
+        let used = info.used.get(name).nanos() + requests.get(name).nanos();
+        (((alloc - used).max(0) * 1000) / alloc) as i64
+    };
+    Score {
+        prioritized: quality.map(|q| q.prioritized_score).unwrap_or(0),
+        numa_kept: -(quality.map(|q| q.numa_domains_broken).unwrap_or(0) as i64),
+        packing: -(quality.map(|q| q.free_devices_after).unwrap_or(0) as i64),
+        least_allocated: (free_share("cpu") + free_share("memory")) / 2,
+    }
+}
+
+/// The allocator's explanation without the node name, so equal reasons group.
+fn describe_unfit(explanation: &dra_allocator::Explanation) -> String {
+    let mut parts: Vec<String> = explanation.requests.iter().map(|r| r.to_string()).collect();
+    parts.extend(explanation.notes.iter().cloned());
+    if !explanation.incomplete_pools.is_empty() {
+        parts.push(format!("pools being updated: {}", explanation.incomplete_pools.join(", ")));
+    }
+    if !explanation.invalid_pools.is_empty() {
+        parts.push(format!("invalid pools: {}", explanation.invalid_pools.join(", ")));
+    }
+    if parts.is_empty() {
+        "cannot allocate all claims".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
+fn attempt_error(e: &AllocError) -> String {
+    e.to_string()
+}
+
+/// "0/8 nodes are available: 3 nodes: Insufficient cpu; 5 nodes: claim ...".
+fn group_reasons(total: usize, results: &[NodeResult]) -> String {
+    let mut groups: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in results {
+        if let NodeResult::Unfit(reason) = r {
+            *groups.entry(reason.as_str()).or_default() += 1;
+        }
+    }
+    if total == 0 {
+        return "0/0 nodes are available: no nodes in the cluster".into();
+    }
+    let mut groups: Vec<(&str, usize)> = groups.into_iter().collect();
+    groups.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let body = groups
+        .iter()
+        .map(|(reason, n)| format!("{n} node{}: {reason}", if *n == 1 { "" } else { "s" }))
+        .collect::<Vec<_>>()
+        .join("; ");
+    format!("0/{total} nodes are available: {body}")
+}

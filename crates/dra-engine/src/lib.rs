@@ -1,0 +1,36 @@
+//! The scheduling engine of dra-scheduler: cluster state in, decisions out.
+//!
+//! Brief overview:
+//! - [`ClusterState`] holds nodes (with what their bound pods use), pods, claims and the DRA
+//!   objects; one writer applies updates (the daemon's informers or `simulate`).
+//! - [`Engine::schedule`] runs one pod's scheduling cycle: it resolves the pod's claims,
+//!   runs the core node filters, asks the allocator (`dra-allocator`) for devices on each
+//!   candidate node, scores the feasible nodes and picks one. It returns a [`Decision`].
+//! - [`Engine::assume`] records a decision so the next pod sees it before any API write
+//!   lands; [`Engine::forget`] takes it back when a write fails.
+//!
+//! Nothing here does I/O: the same code serves the live daemon and the offline simulator.
+//!
+//! ```
+//! use dra_engine::{ClusterInput, Engine, EngineConfig, Decision, ObjectKey};
+//! let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+//!     "metadata": {"name": "n1"},
+//!     "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"}}})).unwrap();
+//! let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+//!     "metadata": {"name": "p", "namespace": "default"},
+//!     "spec": {"schedulerName": "dra-scheduler", "containers": [
+//!         {"name": "c", "resources": {"requests": {"cpu": "1"}}}]}})).unwrap();
+//! let mut engine = Engine::new(EngineConfig::default(),
+//!     ClusterInput { nodes: vec![node], pods: vec![pod], ..Default::default() });
+//! let decision = engine.schedule(&ObjectKey::new("default", "p"));
+//! assert_eq!(decision.node(), Some("n1"));
+//! ```
+
+pub mod engine;
+pub mod extended;
+pub mod filters;
+pub mod resources;
+pub mod state;
+
+pub use engine::{ClaimDecision, Decision, Engine, EngineConfig, Placement};
+pub use state::{ClusterInput, ClusterState, NodeInfo, ObjectKey};

@@ -1,0 +1,171 @@
+//! The cluster as the engine sees it: nodes with what their bound pods use, pods, claims and
+//! the DRA objects. One writer (the informer loop or the simulator) applies updates; the
+//! scheduling cycle reads it and records what it assumes.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
+
+use crate::filters::{HostPort, host_ports};
+use crate::resources::{ResourceList, pod_requests};
+
+/// Everything the engine is built from, as read from the API server or from manifests.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterInput {
+    pub namespaces: Vec<Namespace>,
+    pub nodes: Vec<Node>,
+    /// Bound pods (spec.nodeName set) are existing load; the rest are candidates to schedule.
+    pub pods: Vec<Pod>,
+    pub claims: Vec<ResourceClaim>,
+    pub classes: Vec<DeviceClass>,
+    pub slices: Vec<ResourceSlice>,
+    pub taint_rules: Vec<DeviceTaintRule>,
+}
+
+/// `namespace/name` of a namespaced object.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        ObjectKey { namespace: namespace.into(), name: name.into() }
+    }
+
+    pub fn of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Self {
+        ObjectKey::new(
+            meta.namespace.clone().unwrap_or_else(|| "default".into()),
+            meta.name.clone().unwrap_or_default(),
+        )
+    }
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A node and what is already placed on it.
+#[derive(Clone, Debug)]
+pub struct NodeInfo {
+    pub node: Node,
+    pub allocatable: ResourceList,
+    pub used: ResourceList,
+    pub pods: usize,
+    pub ports: Vec<HostPort>,
+    /// Why the node's own object is unusable (e.g. a malformed allocatable quantity).
+    pub broken: Option<String>,
+}
+
+impl NodeInfo {
+    pub fn new(node: Node) -> Self {
+        let (allocatable, broken) = match ResourceList::parse(
+            node.status.as_ref().and_then(|s| s.allocatable.as_ref().or(s.capacity.as_ref())),
+        ) {
+            Ok(list) => (list, None),
+            Err(e) => (ResourceList::default(), Some(format!("node status.allocatable: {e}"))),
+        };
+        NodeInfo { node, allocatable, used: ResourceList::default(), pods: 0, ports: Vec::new(), broken }
+    }
+
+    pub fn name(&self) -> &str {
+        self.node.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// Count a pod bound to this node.
+    pub fn add_pod(&mut self, pod: &Pod) {
+        if let Ok(requests) = pod_requests(pod) {
+            self.used.add(&requests);
+        }
+        self.pods += 1;
+        self.ports.extend(host_ports(pod));
+    }
+
+    pub fn remove_pod(&mut self, pod: &Pod) {
+        if let Ok(requests) = pod_requests(pod) {
+            self.used.sub(&requests);
+        }
+        self.pods = self.pods.saturating_sub(1);
+        for port in host_ports(pod) {
+            if let Some(i) = self.ports.iter().position(|p| *p == port) {
+                self.ports.swap_remove(i);
+            }
+        }
+    }
+}
+
+/// Pods that are terminal use nothing.
+pub fn is_terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded") | Some("Failed")
+    )
+}
+
+pub fn bound_node(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).filter(|n| !n.is_empty())
+}
+
+/// The cluster state, indexed for the scheduling cycle.
+#[derive(Debug, Default)]
+pub struct ClusterState {
+    pub nodes: BTreeMap<String, NodeInfo>,
+    pub pods: HashMap<ObjectKey, Pod>,
+    pub claims: HashMap<ObjectKey, ResourceClaim>,
+    pub classes: Vec<DeviceClass>,
+    pub slices: Vec<ResourceSlice>,
+    pub taint_rules: Vec<DeviceTaintRule>,
+}
+
+impl ClusterState {
+    pub fn new(input: ClusterInput) -> Self {
+        let mut state = ClusterState {
+            nodes: input.nodes.into_iter().map(|n| (n.metadata.name.clone().unwrap_or_default(), NodeInfo::new(n))).collect(),
+            classes: input.classes,
+            slices: input.slices,
+            taint_rules: input.taint_rules,
+            ..Default::default()
+        };
+        for claim in input.claims {
+            state.claims.insert(ObjectKey::of(&claim.metadata), claim);
+        }
+        for pod in input.pods {
+            state.upsert_pod(pod);
+        }
+        state
+    }
+
+    /// Add or replace a pod, keeping node usage right.
+    pub fn upsert_pod(&mut self, pod: Pod) {
+        let key = ObjectKey::of(&pod.metadata);
+        if let Some(old) = self.pods.remove(&key) {
+            self.unaccount(&old);
+        }
+        if let Some(node) = bound_node(&pod).map(str::to_string)
+            && !is_terminal(&pod)
+            && let Some(info) = self.nodes.get_mut(&node)
+        {
+            info.add_pod(&pod);
+        }
+        self.pods.insert(key, pod);
+    }
+
+    pub fn remove_pod(&mut self, key: &ObjectKey) -> Option<Pod> {
+        let old = self.pods.remove(key)?;
+        self.unaccount(&old);
+        Some(old)
+    }
+
+    fn unaccount(&mut self, pod: &Pod) {
+        if let Some(node) = bound_node(pod)
+            && !is_terminal(pod)
+            && let Some(info) = self.nodes.get_mut(node)
+        {
+            info.remove_pod(pod);
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! What the cluster's controllers would do with the manifests before the scheduler sees
+//! them: workloads become pods (`<workload>-<index>`), pods get their priority from their
+//! PriorityClass, ResourceClaimTemplates become claims (`<pod>-<podClaimName>`), and every
+//! namespaced object without a namespace lands in `default`.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::{Pod, PodResourceClaimStatus, PodStatus, PodTemplateSpec};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use super::manifests::{Loaded, ManifestError, Manifests, Object};
+use dra_engine::ClusterInput;
+
+const DEFAULT_NAMESPACE: &str = "default";
+
+fn namespaced(meta: &mut ObjectMeta) {
+    if meta.namespace.as_deref().is_none_or(str::is_empty) {
+        meta.namespace = Some(DEFAULT_NAMESPACE.into());
+    }
+}
+
+fn pod_from_template(
+    template: &PodTemplateSpec,
+    namespace: &str,
+    name: String,
+    owner: (&str, &str),
+) -> Pod {
+    let mut metadata = template.metadata.clone().unwrap_or_default();
+    metadata.name = Some(name);
+    metadata.namespace = Some(namespace.into());
+    metadata.owner_references = Some(vec![OwnerReference {
+        api_version: if owner.0 == "Job" { "batch/v1" } else { "apps/v1" }.into(),
+        kind: owner.0.into(),
+        name: owner.1.into(),
+        controller: Some(true),
+        ..Default::default()
+    }]);
+    Pod { metadata, spec: template.spec.clone(), status: None }
+}
+
+/// Expand the manifests into the cluster the engine schedules.
+pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
+    let mut input = ClusterInput::default();
+    let mut templates: HashMap<(String, String), ResourceClaimTemplate> = HashMap::new();
+    let mut priority_classes: Vec<(Loaded, PriorityClass)> = Vec::new();
+    let mut pods: Vec<(Loaded, Pod)> = Vec::new();
+
+    for loaded in manifests.objects {
+        match loaded.object.clone() {
+            Object::Namespace(ns) => input.namespaces.push(ns),
+            Object::Node(node) => input.nodes.push(node),
+            Object::Pod(mut pod) => {
+                namespaced(&mut pod.metadata);
+                pods.push((loaded, pod));
+            }
+            Object::Deployment(mut d) => {
+                namespaced(&mut d.metadata);
+                let spec = d.spec;
+                let name = d.metadata.name.unwrap_or_default();
+                let ns = d.metadata.namespace.unwrap_or_default();
+                for i in 0..spec.replicas.unwrap_or(1).max(0) {
+                    let pod = pod_from_template(&spec.template, &ns, format!("{name}-{i}"), ("Deployment", &name));
+                    pods.push((loaded.clone(), pod));
+                }
+            }
+            Object::ReplicaSet(mut rs) => {
+                namespaced(&mut rs.metadata);
+                let spec = rs.spec;
+                let name = rs.metadata.name.unwrap_or_default();
+                let ns = rs.metadata.namespace.unwrap_or_default();
+                let template = spec.template.unwrap_or_default();
+                for i in 0..spec.replicas.unwrap_or(1).max(0) {
+                    let pod = pod_from_template(&template, &ns, format!("{name}-{i}"), ("ReplicaSet", &name));
+                    pods.push((loaded.clone(), pod));
+                }
+            }
+            Object::StatefulSet(mut ss) => {
+                namespaced(&mut ss.metadata);
+                let spec = ss.spec;
+                let name = ss.metadata.name.unwrap_or_default();
+                let ns = ss.metadata.namespace.unwrap_or_default();
+                for i in 0..spec.replicas.unwrap_or(1).max(0) {
+                    let pod = pod_from_template(&spec.template, &ns, format!("{name}-{i}"), ("StatefulSet", &name));
+                    pods.push((loaded.clone(), pod));
+                }
+            }
+            Object::Job(mut job) => {
+                namespaced(&mut job.metadata);
+                let spec = job.spec.unwrap_or_default();
+                let name = job.metadata.name.unwrap_or_default();
+                let ns = job.metadata.namespace.unwrap_or_default();
+                let mut parallelism = spec.parallelism.unwrap_or(1);
+                if let Some(completions) = spec.completions {
+                    parallelism = parallelism.min(completions);
+                }
+                for i in 0..parallelism.max(0) {
+                    let pod = pod_from_template(&spec.template, &ns, format!("{name}-{i}"), ("Job", &name));
+                    pods.push((loaded.clone(), pod));
+                }
+            }
+            Object::ResourceClaim(mut claim) => {
+                namespaced(&mut claim.metadata);
+                input.claims.push(claim);
+            }
+            Object::ResourceClaimTemplate(mut t) => {
+                namespaced(&mut t.metadata);
+                let key = (t.metadata.namespace.clone().unwrap_or_default(), t.metadata.name.clone().unwrap_or_default());
+                templates.insert(key, t);
+            }
+            Object::DeviceClass(c) => input.classes.push(c),
+            Object::ResourceSlice(s) => input.slices.push(s),
+            Object::DeviceTaintRule(r) => input.taint_rules.push(r),
+            Object::PriorityClass(pc) => priority_classes.push((loaded, pc)),
+        }
+    }
+
+    let priorities: BTreeMap<String, i32> = priority_classes
+        .iter()
+        .map(|(_, pc)| (pc.metadata.name.clone().unwrap_or_default(), pc.value.unwrap_or(0)))
+        .collect();
+    let global_default = priority_classes.iter().find(|(_, pc)| pc.global_default == Some(true)).map(|(_, pc)| pc.value.unwrap_or(0));
+
+    for (loaded, mut pod) in pods {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
+        let spec = pod.spec.get_or_insert_with(Default::default);
+        // Priority admission: the class's value, or the global default, or 0.
+        if spec.priority.is_none() {
+            spec.priority = match spec.priority_class_name.as_deref() {
+                Some(name) if !name.is_empty() => match priorities.get(name) {
+                    Some(v) => Some(*v),
+                    None if name == "system-cluster-critical" => Some(2_000_000_000),
+                    None if name == "system-node-critical" => Some(2_000_001_000),
+                    None => {
+                        return Err(ManifestError {
+                            location: loaded.source,
+                            object: Some(format!("Pod {ns}/{pod_name}")),
+                            message: format!("no PriorityClass with name {name} was found"),
+                        });
+                    }
+                },
+                _ => Some(global_default.unwrap_or(0)),
+            };
+        }
+        // The resourceclaim controller: one claim per template reference.
+        let mut statuses = Vec::new();
+        for pod_claim in spec.resource_claims.iter().flatten() {
+            let Some(template_name) = pod_claim.resource_claim_template_name.as_deref() else {
+                continue;
+            };
+            let Some(template) = templates.get(&(ns.clone(), template_name.to_string())) else {
+                // Like the controller, leave the pod waiting; the engine reports why.
+                continue;
+            };
+            let claim_name = format!("{pod_name}-{}", pod_claim.name);
+            let tspec = template.spec.clone().unwrap_or_default();
+            let tmeta = tspec.metadata.clone().unwrap_or_default();
+            input.claims.push(ResourceClaim {
+                metadata: ObjectMeta {
+                    name: Some(claim_name.clone()),
+                    namespace: Some(ns.clone()),
+                    labels: tmeta.labels,
+                    annotations: Some(
+                        tmeta
+                            .annotations
+                            .unwrap_or_default()
+                            .into_iter()
+                            .chain([("resource.kubernetes.io/pod-claim-name".to_string(), pod_claim.name.clone())])
+                            .collect(),
+                    ),
+                    owner_references: Some(vec![OwnerReference {
+                        api_version: "v1".into(),
+                        kind: "Pod".into(),
+                        name: pod_name.clone(),
+                        controller: Some(true),
+                        block_owner_deletion: Some(true),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                },
+                spec: tspec.spec,
+                status: None,
+            });
+            statuses.push(PodResourceClaimStatus {
+                name: pod_claim.name.clone(),
+                resource_claim_name: Some(claim_name),
+            });
+        }
+        if !statuses.is_empty() {
+            pod.status.get_or_insert_with(PodStatus::default).resource_claim_statuses = Some(statuses);
+        }
+        input.pods.push(pod);
+    }
+    Ok(input)
+}
