@@ -82,6 +82,7 @@ pub use quantity::{Format as QuantityFormat, Quantity, QuantityError};
 
 mod check;
 mod device;
+mod eval;
 mod library;
 mod semver;
 mod values;
@@ -96,7 +97,7 @@ use cel::common::ast::{Expr, IdedExpr};
 use cel::common::types::CelBool;
 use cel::common::value::CowVal;
 use cel::context::VariableResolver;
-use cel::{Context, Env, ExecutionError, Value};
+use cel::{Context, Env, ExecutionError};
 use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceCapacity};
 
 /// Which optional parts of the Kubernetes environment are on.
@@ -159,6 +160,8 @@ impl CelError {
 pub struct Selector {
     expression: String,
     program: IdedExpr,
+    /// Nodes whose subtree holds a comprehension: see the `eval` module.
+    comprehensions: std::collections::HashSet<u64>,
     env: Arc<Env>,
     estimated_cost: u64,
 }
@@ -197,7 +200,7 @@ impl Selector {
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             let mut ctx = Context::with_env(Arc::clone(&self.env));
             ctx.set_variable_resolver(&resolver);
-            match Value::resolve_val(&self.program, &ctx) {
+            match eval::Evaluator::new(&self.comprehensions).eval(&self.program, &ctx) {
                 Ok(v) => match v.downcast_ref::<CelBool>() {
                     Some(b) => Ok(*b.inner()),
                     None => Err((
@@ -338,16 +341,19 @@ impl Environment {
             }
         };
         rewrite_equality(&mut program, &checker.k8s_equality);
+        let mut comprehensions = std::collections::HashSet::new();
+        eval::comprehension_nodes(&program, &mut comprehensions);
         Ok(Selector {
             expression: expression.to_string(),
             program,
+            comprehensions,
             env: Arc::clone(&self.env),
             estimated_cost: est.cost,
         })
     }
 }
 
-/// Points the `==`/`!=` calls the checker picked at the Kubernetes-typed equality.
+/// Points the `==` calls the checker picked at the Kubernetes-typed equality.
 fn rewrite_equality(e: &mut IdedExpr, ids: &[u64]) {
     if ids.is_empty() {
         return;

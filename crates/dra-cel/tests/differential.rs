@@ -1,0 +1,553 @@
+//! Differential test against the real implementation: every case of the selector table plus a
+//! few thousand generated expression/device pairs go through tests/cluster/cmd/celcheck (Go,
+//! k8s.io/dynamic-resource-allocation/cel v0.37.2) and through dra-cel; any disagreement —
+//! a different result, or an error on one side only — fails the test. Generated quantity
+//! strings are compared the same way (canonical text, or rejection).
+//!
+//! Needs Go: the test builds celcheck with `go build` when tests/cluster/bin/celcheck is
+//! missing or older than its source, and fails (never skips) when that is not possible.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::{Case, Device, Outcome, environment, evaluate, table};
+use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceCapacity};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
+use serde::Deserialize;
+
+fn module_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/cluster")
+}
+
+fn modified(p: &Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// The celcheck binary, built if missing or stale.
+fn celcheck() -> PathBuf {
+    let dir = module_dir();
+    let bin = dir.join("bin/celcheck");
+    let src = dir.join("cmd/celcheck/main.go");
+    if modified(&bin).is_some() && modified(&bin) >= modified(&src) {
+        return bin;
+    }
+    let out = Command::new("go")
+        .args(["build", "-o", "bin/celcheck", "./cmd/celcheck"])
+        .current_dir(&dir)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "the differential test needs Go to build {}: running `go build` failed: {e}. \
+                 Install Go (see tests/cluster/go.mod for the version) and rerun.",
+                src.display()
+            )
+        });
+    assert!(
+        out.status.success(),
+        "go build ./cmd/celcheck in {} failed:\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
+}
+
+#[derive(Debug, Deserialize)]
+struct GoCase {
+    result: Option<bool>,
+    error: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct GoQuantity {
+    canonical: Option<String>,
+    error: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct GoOutput {
+    cases: Vec<GoCase>,
+    quantities: Vec<GoQuantity>,
+}
+
+fn run_go(
+    list_type_attributes: bool,
+    devices: &BTreeMap<String, Device>,
+    cases: &[Case],
+    quantities: &[String],
+) -> GoOutput {
+    let input = serde_json::json!({
+        "listTypeAttributes": list_type_attributes,
+        "devices": devices,
+        "cases": cases.iter().map(|c| serde_json::json!({"expr": c.expr, "device": c.device})).collect::<Vec<_>>(),
+        "quantities": quantities,
+    });
+    let mut child = Command::new(celcheck())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting celcheck");
+    let body = serde_json::to_vec(&input).unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(&body));
+    let out = child.wait_with_output().expect("running celcheck");
+    writer.join().unwrap().expect("writing to celcheck");
+    assert!(
+        out.status.success(),
+        "celcheck failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let parsed: GoOutput = serde_json::from_slice(&out.stdout).expect("celcheck output");
+    assert_eq!(parsed.cases.len(), cases.len());
+    parsed
+}
+
+/// SplitMix64: a fixed seed gives the same cases on every run and machine.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len())]
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+    fn int(&mut self) -> i64 {
+        self.pick(&[
+            0,
+            1,
+            2,
+            3,
+            5,
+            8,
+            10,
+            16,
+            40,
+            80,
+            100,
+            1024,
+            -1,
+            -5,
+            i64::MAX,
+            i64::MIN + 1,
+        ])
+    }
+}
+
+const DRIVERS: &[&str] = &["gpu.example.com", "nic.example.com"];
+const DOMAINS: &[&str] = &[
+    "gpu.example.com",
+    "nic.example.com",
+    "numa.example.com",
+    "unknown.example.com",
+];
+const NAMES: &[&str] = &[
+    "model", "memory", "index", "healthy", "version", "cores", "missing",
+];
+const WORDS: &[&str] = &["a100", "A100", "h100-sxm", "x", "", "gpu,mig", "Tesla T4"];
+
+fn quantity_string(r: &mut Rng) -> String {
+    let mut s = String::new();
+    if r.chance(15) {
+        s.push('-');
+    }
+    s.push_str(r.pick(&[
+        "0",
+        "1",
+        "2",
+        "5",
+        "10",
+        "16",
+        "80",
+        "100",
+        "1000",
+        "1024",
+        "1536",
+        "123456789",
+    ]));
+    if r.chance(30) {
+        s.push('.');
+        s.push_str(r.pick(&["5", "25", "0", "001", "000000001", "0000000001", "75"]));
+    }
+    s.push_str(r.pick(&[
+        "", "", "m", "k", "M", "G", "T", "Ki", "Mi", "Gi", "Ti", "e3", "e-3", "E6", "n", "u", "Ei",
+    ]));
+    if r.chance(3) {
+        s.push_str(r.pick(&["x", "i", ".", "e"]));
+    }
+    s
+}
+
+fn version_string(r: &mut Rng) -> String {
+    let core = format!("{}.{}.{}", r.below(3), r.below(12), r.below(3));
+    match r.below(6) {
+        0 => format!("{core}-alpha"),
+        1 => format!("{core}-rc.{}", r.below(12)),
+        2 => format!("{core}+build.{}", r.below(3)),
+        3 if r.chance(30) => format!("v{core}"),
+        _ => core,
+    }
+}
+
+fn device(r: &mut Rng) -> Device {
+    let driver = r.pick(DRIVERS).to_string();
+    let mut attributes = BTreeMap::new();
+    let mut capacity = BTreeMap::new();
+    for _ in 0..r.below(8) {
+        let domain = r.pick(&[
+            "",
+            "",
+            "numa.example.com/",
+            "nic.example.com/",
+            "gpu.example.com/",
+        ]);
+        let name = format!("{domain}{}", r.pick(NAMES));
+        let a = match r.below(6) {
+            0 => DeviceAttribute {
+                int: Some(r.int()),
+                ..Default::default()
+            },
+            1 => DeviceAttribute {
+                bool: Some(r.chance(50)),
+                ..Default::default()
+            },
+            2 => DeviceAttribute {
+                string: Some(r.pick(WORDS).to_string()),
+                ..Default::default()
+            },
+            3 => DeviceAttribute {
+                version: Some(format!("{}.{}.{}", r.below(3), r.below(12), r.below(3))),
+                ..Default::default()
+            },
+            4 => DeviceAttribute {
+                ints: Some((0..r.below(4)).map(|_| r.int()).collect()),
+                ..Default::default()
+            },
+            _ => DeviceAttribute {
+                strings: Some((0..r.below(3)).map(|_| r.pick(WORDS).to_string()).collect()),
+                ..Default::default()
+            },
+        };
+        attributes.insert(name, a);
+    }
+    for _ in 0..r.below(4) {
+        let domain = r.pick(&["", "", "numa.example.com/"]);
+        let name = format!("{domain}{}", r.pick(NAMES));
+        let mut q = quantity_string(r);
+        while q.parse::<dra_cel::Quantity>().is_err() {
+            q = quantity_string(r);
+        }
+        capacity.insert(
+            name,
+            DeviceCapacity {
+                value: ApiQuantity(q),
+                ..Default::default()
+            },
+        );
+    }
+    Device {
+        driver,
+        allow_multiple_allocations: r.chance(50),
+        attributes,
+        capacity,
+    }
+}
+
+fn attr(r: &mut Rng) -> String {
+    format!("device.attributes[{:?}].{}", r.pick(DOMAINS), r.pick(NAMES))
+}
+
+fn cap(r: &mut Rng) -> String {
+    format!("device.capacity[{:?}].{}", r.pick(DOMAINS), r.pick(NAMES))
+}
+
+fn literal(r: &mut Rng) -> String {
+    match r.below(4) {
+        0 => r.int().to_string(),
+        1 => format!("{:?}", r.pick(WORDS)),
+        2 => r.pick(&["true", "false"]).to_string(),
+        _ => format!("{}.5", r.below(100)),
+    }
+}
+
+fn int_list(r: &mut Rng) -> String {
+    let items: Vec<String> = (0..r.below(5))
+        .map(|_| (r.below(20) as i64 - 5).to_string())
+        .collect();
+    format!("[{}]", items.join(", "))
+}
+
+fn cmp(r: &mut Rng) -> &'static str {
+    r.pick(&["==", "!=", "<", "<=", ">", ">="])
+}
+
+fn bool_expr(r: &mut Rng, depth: u32) -> String {
+    let leaf = depth == 0 || r.chance(45);
+    if !leaf {
+        return match r.below(5) {
+            0 => format!(
+                "({} && {})",
+                bool_expr(r, depth - 1),
+                bool_expr(r, depth - 1)
+            ),
+            1 => format!(
+                "({} || {})",
+                bool_expr(r, depth - 1),
+                bool_expr(r, depth - 1)
+            ),
+            2 => format!("!({})", bool_expr(r, depth - 1)),
+            3 => format!(
+                "({} ? {} : {})",
+                bool_expr(r, depth - 1),
+                bool_expr(r, depth - 1),
+                bool_expr(r, depth - 1)
+            ),
+            _ => format!(
+                "cel.bind(b, {}, b || {})",
+                bool_expr(r, depth - 1),
+                bool_expr(r, depth - 1)
+            ),
+        };
+    }
+    match r.below(30) {
+        0 => format!("{} {} {}", attr(r), cmp(r), literal(r)),
+        1 => format!("has({})", attr(r)),
+        2 => format!("device.driver == {:?}", r.pick(DRIVERS)),
+        3 => format!(
+            "device.driver.startsWith({:?})",
+            r.pick(&["gpu", "nic", ""])
+        ),
+        4 => "device.allowMultipleAllocations".to_string(),
+        5 => format!(
+            "{}.isGreaterThan(quantity({:?}))",
+            cap(r),
+            quantity_string(r)
+        ),
+        6 => format!(
+            "{}.compareTo(quantity({:?})) {} {}",
+            cap(r),
+            quantity_string(r),
+            cmp(r),
+            r.below(3) as i64 - 1
+        ),
+        7 => format!(
+            "quantity({:?}).isLessThan(quantity({:?}))",
+            quantity_string(r),
+            quantity_string(r)
+        ),
+        8 => format!(
+            "quantity({:?}) == quantity({:?})",
+            quantity_string(r),
+            quantity_string(r)
+        ),
+        9 => format!(
+            "quantity({:?}).{}(quantity({:?})).compareTo(quantity({:?})) == {}",
+            quantity_string(r),
+            r.pick(&["add", "sub"]),
+            quantity_string(r),
+            quantity_string(r),
+            r.below(3) as i64 - 1
+        ),
+        10 => format!("isQuantity({:?})", quantity_string(r)),
+        11 => format!(
+            "quantity({:?}).{}()",
+            quantity_string(r),
+            r.pick(&["isInteger"])
+        ),
+        12 => format!(
+            "quantity({:?}).asInteger() {} {}",
+            quantity_string(r),
+            cmp(r),
+            r.int()
+        ),
+        13 => format!(
+            "sign(quantity({:?})) == {}",
+            quantity_string(r),
+            r.below(3) as i64 - 1
+        ),
+        14 => format!(
+            "semver({:?}).{}(semver({:?}))",
+            version_string(r),
+            r.pick(&["isLessThan", "isGreaterThan"]),
+            version_string(r)
+        ),
+        15 => format!("isSemver({:?})", version_string(r)),
+        16 => format!(
+            "semver({:?}) == semver({:?})",
+            version_string(r),
+            version_string(r)
+        ),
+        17 => format!("{}.isGreaterThan(semver({:?}))", attr(r), version_string(r)),
+        18 => format!(
+            "{}.?{}.orValue({}) {} {}",
+            format_args!("device.attributes[{:?}]", r.pick(DOMAINS)),
+            r.pick(NAMES),
+            literal(r),
+            cmp(r),
+            literal(r)
+        ),
+        19 => format!(
+            "{:?}.{}() == {:?}",
+            r.pick(WORDS),
+            r.pick(&["lowerAscii", "upperAscii", "trim"]),
+            r.pick(WORDS)
+        ),
+        20 => format!("{:?}.split(\",\").size() == {}", r.pick(WORDS), r.below(3)),
+        21 => format!(
+            "{:?}.matches({:?})",
+            r.pick(WORDS),
+            r.pick(&["^a", "[0-9]+", "x$", "(?i)a100", "^$"])
+        ),
+        22 => format!(
+            "{}.{}() {} {}",
+            int_list(r),
+            r.pick(&["sum", "min", "max"]),
+            cmp(r),
+            r.below(10)
+        ),
+        23 => format!("{}.isSorted()", int_list(r)),
+        24 => format!("{} in {}", r.below(10), int_list(r)),
+        25 => format!(
+            "{}.{}(x, x {} {})",
+            int_list(r),
+            r.pick(&["all", "exists", "exists_one"]),
+            cmp(r),
+            r.below(10)
+        ),
+        26 => format!(
+            "sets.{}({}, {})",
+            r.pick(&["contains", "intersects", "equivalent"]),
+            int_list(r),
+            int_list(r)
+        ),
+        27 => format!(
+            "({} + {}) * {} {} {}",
+            r.int(),
+            r.int(),
+            r.int(),
+            cmp(r),
+            r.int()
+        ),
+        28 => format!("{} / {} == {}", r.int(), r.below(3), r.int()),
+        _ => format!(
+            "{}.filter(x, x > {}).map(x, x * 2).size() == {}",
+            int_list(r),
+            r.below(5),
+            r.below(4)
+        ),
+    }
+}
+
+fn describe(o: &Outcome) -> String {
+    match o {
+        Outcome::Result(b) => b.to_string(),
+        Outcome::Error(k, m) => format!("{k:?} error: {m}"),
+    }
+}
+
+#[test]
+fn dra_cel_agrees_with_kubernetes() {
+    let t = table();
+    let mut devices = t.devices.clone();
+    let mut cases: Vec<Case> = t
+        .cases
+        .iter()
+        .filter(|c| c.divergence.is_none())
+        .cloned()
+        .collect();
+    let table_cases = cases.len();
+
+    let mut r = Rng(0x5EED_D7A0_CE1);
+    for i in 0..200 {
+        devices.insert(format!("gen{i}"), device(&mut r));
+    }
+    for _ in 0..3000 {
+        let device = format!("gen{}", r.below(200));
+        cases.push(Case {
+            expr: bool_expr(&mut r, 2),
+            device,
+            result: None,
+            error: None,
+            kubernetes_message: None,
+            divergence: None,
+        });
+    }
+    let quantities: Vec<String> = (0..2000).map(|_| quantity_string(&mut r)).collect();
+
+    let go = run_go(t.list_type_attributes, &devices, &cases, &quantities);
+    let env = environment(&t);
+    let mut disagreements = Vec::new();
+    let mut errors = 0;
+    for (case, theirs) in cases.iter().zip(&go.cases) {
+        let ours = evaluate(&env, &case.expr, &devices[&case.device]);
+        let agree = match (&ours, theirs.result) {
+            (Outcome::Result(a), Some(b)) => *a == b,
+            (Outcome::Error(..), None) => {
+                errors += 1;
+                true
+            }
+            _ => false,
+        };
+        if !agree {
+            disagreements.push(format!(
+                "{:?} on {} ({:?}): dra-cel {}, Kubernetes {}",
+                case.expr,
+                case.device,
+                devices[&case.device],
+                describe(&ours),
+                theirs.result.map_or_else(
+                    || format!("error: {}", theirs.error.as_deref().unwrap_or("")),
+                    |b| b.to_string()
+                )
+            ));
+        }
+    }
+    let mut quantity_disagreements = Vec::new();
+    for (s, theirs) in quantities.iter().zip(&go.quantities) {
+        let ours = s.parse::<dra_cel::Quantity>().map(|q| q.to_string()).ok();
+        if ours != theirs.canonical {
+            quantity_disagreements.push(format!(
+                "{s:?}: dra-cel {ours:?}, Kubernetes {:?} {:?}",
+                theirs.canonical, theirs.error
+            ));
+        }
+    }
+    eprintln!(
+        "compared {} selector cases ({table_cases} from the table, {} generated; {errors} errors on both sides) and {} quantities",
+        cases.len(),
+        cases.len() - table_cases,
+        quantities.len()
+    );
+    assert!(
+        disagreements.is_empty() && quantity_disagreements.is_empty(),
+        "{} selector and {} quantity disagreements:\n{}\n{}",
+        disagreements.len(),
+        quantity_disagreements.len(),
+        disagreements
+            .iter()
+            .take(40)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n"),
+        quantity_disagreements
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
