@@ -1,1 +1,58 @@
-fn main() {}
+//! Issue 4's benchmarks, each timing one pod: `Allocator::new` plus `allocate` on every
+//! candidate node of the scenario (as the engine's Filter step would).
+//!
+//! a) 500 nodes × 8 GPUs, one 1-GPU claim; b) 5,000 nodes × 8 GPUs + 2 NICs, 4 GPUs + 1 NIC
+//! on one NUMA node; c) 32 GPUs asked where 31 exist; d) 20 one-GPU requests sharing a
+//! NUMA node, none has 20; e) one A100 with its MIG placements.
+//!
+//! "warm" reuses the snapshot across pods (its selector-result cache filled, as in steady
+//! state); "cold" builds a fresh snapshot for every pod (outside the timing) so every
+//! selector is evaluated.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::hint::black_box;
+
+use common::Case;
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use dra_allocator::{Allocator, Outcome, Snapshot};
+
+fn one_pod(snap: &Snapshot, case: &Case) -> usize {
+    let claims: Vec<_> = case.claims.iter().collect();
+    let allocator = Allocator::new(snap, &claims).expect("valid claims");
+    case.nodes
+        .iter()
+        .filter(|n| {
+            matches!(
+                allocator.allocate(n).expect("no error"),
+                Outcome::Allocated(_)
+            )
+        })
+        .count()
+}
+
+fn benches(c: &mut Criterion) {
+    for (name, make) in common::cases::all() {
+        let case = make();
+        let snap = case.snapshot();
+        let fits = one_pod(&snap, &case);
+        eprintln!("{name}: {} nodes, {fits} fit", case.nodes.len());
+        let mut group = c.benchmark_group(name);
+        group.sample_size(10);
+        group.bench_function("warm", |b| b.iter(|| black_box(one_pod(&snap, &case))));
+        if case.nodes.len() <= 500 {
+            group.bench_function("cold", |b| {
+                b.iter_batched(
+                    || case.snapshot(),
+                    |s| black_box(one_pod(&s, &case)),
+                    BatchSize::LargeInput,
+                )
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(allocator, benches);
+criterion_main!(allocator);
