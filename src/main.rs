@@ -1,6 +1,6 @@
 //! `dra-scheduler`: a standalone Kubernetes scheduler built around Dynamic Resource Allocation.
 
-mod simulate;
+use dra_scheduler::{fleet, simulate};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,6 +20,8 @@ enum Command {
     /// Schedule the pending pods of a set of manifests, with no cluster, and report where
     /// each pod would go and which devices each claim would get.
     Simulate(SimulateArgs),
+    /// Write a synthetic GPU fleet and workload as manifests, for trying `simulate` at scale.
+    GenerateFleet(fleet::FleetSpec),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -51,6 +53,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Simulate(args) => run_simulate(args),
+        Command::GenerateFleet(spec) => {
+            print!("{}", fleet::generate_yaml(&spec));
+            ExitCode::SUCCESS
+        }
     }
 }
 

@@ -31,13 +31,22 @@ fn pod_from_template(
     metadata.name = Some(name);
     metadata.namespace = Some(namespace.into());
     metadata.owner_references = Some(vec![OwnerReference {
-        api_version: if owner.0 == "Job" { "batch/v1" } else { "apps/v1" }.into(),
+        api_version: if owner.0 == "Job" {
+            "batch/v1"
+        } else {
+            "apps/v1"
+        }
+        .into(),
         kind: owner.0.into(),
         name: owner.1.into(),
         controller: Some(true),
         ..Default::default()
     }]);
-    Pod { metadata, spec: template.spec.clone(), status: None }
+    Pod {
+        metadata,
+        spec: template.spec.clone(),
+        status: None,
+    }
 }
 
 /// Expand the manifests into the cluster the engine schedules.
@@ -61,7 +70,12 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
                 let name = d.metadata.name.unwrap_or_default();
                 let ns = d.metadata.namespace.unwrap_or_default();
                 for i in 0..spec.replicas.unwrap_or(1).max(0) {
-                    let pod = pod_from_template(&spec.template, &ns, format!("{name}-{i}"), ("Deployment", &name));
+                    let pod = pod_from_template(
+                        &spec.template,
+                        &ns,
+                        format!("{name}-{i}"),
+                        ("Deployment", &name),
+                    );
                     pods.push((loaded.clone(), pod));
                 }
             }
@@ -72,7 +86,12 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
                 let ns = rs.metadata.namespace.unwrap_or_default();
                 let template = spec.template.unwrap_or_default();
                 for i in 0..spec.replicas.unwrap_or(1).max(0) {
-                    let pod = pod_from_template(&template, &ns, format!("{name}-{i}"), ("ReplicaSet", &name));
+                    let pod = pod_from_template(
+                        &template,
+                        &ns,
+                        format!("{name}-{i}"),
+                        ("ReplicaSet", &name),
+                    );
                     pods.push((loaded.clone(), pod));
                 }
             }
@@ -82,7 +101,12 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
                 let name = ss.metadata.name.unwrap_or_default();
                 let ns = ss.metadata.namespace.unwrap_or_default();
                 for i in 0..spec.replicas.unwrap_or(1).max(0) {
-                    let pod = pod_from_template(&spec.template, &ns, format!("{name}-{i}"), ("StatefulSet", &name));
+                    let pod = pod_from_template(
+                        &spec.template,
+                        &ns,
+                        format!("{name}-{i}"),
+                        ("StatefulSet", &name),
+                    );
                     pods.push((loaded.clone(), pod));
                 }
             }
@@ -96,7 +120,12 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
                     parallelism = parallelism.min(completions);
                 }
                 for i in 0..parallelism.max(0) {
-                    let pod = pod_from_template(&spec.template, &ns, format!("{name}-{i}"), ("Job", &name));
+                    let pod = pod_from_template(
+                        &spec.template,
+                        &ns,
+                        format!("{name}-{i}"),
+                        ("Job", &name),
+                    );
                     pods.push((loaded.clone(), pod));
                 }
             }
@@ -106,7 +135,10 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
             }
             Object::ResourceClaimTemplate(mut t) => {
                 namespaced(&mut t.metadata);
-                let key = (t.metadata.namespace.clone().unwrap_or_default(), t.metadata.name.clone().unwrap_or_default());
+                let key = (
+                    t.metadata.namespace.clone().unwrap_or_default(),
+                    t.metadata.name.clone().unwrap_or_default(),
+                );
                 templates.insert(key, t);
             }
             Object::DeviceClass(c) => input.classes.push(c),
@@ -118,9 +150,17 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
 
     let priorities: BTreeMap<String, i32> = priority_classes
         .iter()
-        .map(|(_, pc)| (pc.metadata.name.clone().unwrap_or_default(), pc.value.unwrap_or(0)))
+        .map(|(_, pc)| {
+            (
+                pc.metadata.name.clone().unwrap_or_default(),
+                pc.value.unwrap_or(0),
+            )
+        })
         .collect();
-    let global_default = priority_classes.iter().find(|(_, pc)| pc.global_default == Some(true)).map(|(_, pc)| pc.value.unwrap_or(0));
+    let global_default = priority_classes
+        .iter()
+        .find(|(_, pc)| pc.global_default == Some(true))
+        .map(|(_, pc)| pc.value.unwrap_or(0));
 
     for (loaded, mut pod) in pods {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
@@ -167,7 +207,10 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
                             .annotations
                             .unwrap_or_default()
                             .into_iter()
-                            .chain([("resource.kubernetes.io/pod-claim-name".to_string(), pod_claim.name.clone())])
+                            .chain([(
+                                "resource.kubernetes.io/pod-claim-name".to_string(),
+                                pod_claim.name.clone(),
+                            )])
                             .collect(),
                     ),
                     owner_references: Some(vec![OwnerReference {
@@ -189,7 +232,9 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
             });
         }
         if !statuses.is_empty() {
-            pod.status.get_or_insert_with(PodStatus::default).resource_claim_statuses = Some(statuses);
+            pod.status
+                .get_or_insert_with(PodStatus::default)
+                .resource_claim_statuses = Some(statuses);
         }
         input.pods.push(pod);
     }

@@ -135,14 +135,20 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
 /// Read every document below `paths`.
 pub fn load(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
     let files = files(paths).map_err(|message| ManifestError {
-        location: Source { file: PathBuf::new(), document: 0 },
+        location: Source {
+            file: PathBuf::new(),
+            document: 0,
+        },
         object: None,
         message,
     })?;
     let mut manifests = Manifests::default();
     for file in files {
         let text = std::fs::read_to_string(&file).map_err(|e| ManifestError {
-            location: Source { file: file.clone(), document: 0 },
+            location: Source {
+                file: file.clone(),
+                document: 0,
+            },
             object: None,
             message: e.to_string(),
         })?;
@@ -156,7 +162,10 @@ pub fn parse_file(file: &Path, text: &str, into: &mut Manifests) -> Result<(), M
     let mut index = 0;
     for document in serde_yaml::Deserializer::from_str(text) {
         index += 1;
-        let source = Source { file: file.to_path_buf(), document: index };
+        let source = Source {
+            file: file.to_path_buf(),
+            document: index,
+        };
         let value = serde_yaml::Value::deserialize(document).map_err(|e| ManifestError {
             location: source.clone(),
             object: None,
@@ -176,10 +185,19 @@ pub fn parse_file(file: &Path, text: &str, into: &mut Manifests) -> Result<(), M
 }
 
 fn describe(value: &Value) -> String {
-    let kind = value.get("kind").and_then(Value::as_str).unwrap_or("<no kind>");
+    let kind = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("<no kind>");
     let meta = value.get("metadata");
-    let name = meta.and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or("<no name>");
-    match meta.and_then(|m| m.get("namespace")).and_then(Value::as_str) {
+    let name = meta
+        .and_then(|m| m.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or("<no name>");
+    match meta
+        .and_then(|m| m.get("namespace"))
+        .and_then(Value::as_str)
+    {
         Some(ns) => format!("{kind} {ns}/{name}"),
         None => format!("{kind} {name}"),
     }
@@ -199,25 +217,39 @@ fn parse_object(value: Value, source: &Source, into: &mut Manifests) -> Result<(
                 .into(),
         });
     }
-    let api_version = value.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let api_version = value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
     let kind = value.get("kind").and_then(Value::as_str).unwrap_or("");
     if api_version.is_empty() || kind.is_empty() {
         return Err(error("apiVersion and kind are required".into()));
     }
     if kind == "List" {
-        for item in value.get("items").and_then(Value::as_array).cloned().unwrap_or_default() {
+        for item in value
+            .get("items")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+        {
             parse_object(item, source, into)?;
         }
         return Ok(());
     }
-    if value.pointer("/metadata/name").and_then(Value::as_str).is_none_or(str::is_empty) {
+    if value
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
         return Err(error("metadata.name is required".into()));
     }
     let expect = |want: &str| -> Result<(), ManifestError> {
         if api_version == want {
             Ok(())
         } else {
-            Err(error(format!("apiVersion {api_version} is not supported for {kind}; use {want}")))
+            Err(error(format!(
+                "apiVersion {api_version} is not supported for {kind}; use {want}"
+            )))
         }
     };
     let object = match kind {
@@ -246,7 +278,10 @@ fn parse_object(value: Value, source: &Source, into: &mut Manifests) -> Result<(
             expect("resource.k8s.io/v1").and_then(|_| strict(&value).map(Object::DeviceTaintRule))
         }
         other if IGNORED_KINDS.contains(&other) => {
-            into.ignored.push(Ignored { source: source.clone(), object: describe(&value) });
+            into.ignored.push(Ignored {
+                source: source.clone(),
+                object: describe(&value),
+            });
             return Ok(());
         }
         other => Err(error(format!(
@@ -260,7 +295,10 @@ fn parse_object(value: Value, source: &Source, into: &mut Manifests) -> Result<(
         e.object = Some(describe(&value));
         e
     })?;
-    into.objects.push(Loaded { source: source.clone(), object });
+    into.objects.push(Loaded {
+        source: source.clone(),
+        object,
+    });
     Ok(())
 }
 
@@ -270,7 +308,10 @@ where
     T: serde::de::DeserializeOwned + serde::Serialize,
 {
     let err = |message: String| ManifestError {
-        location: Source { file: PathBuf::new(), document: 0 },
+        location: Source {
+            file: PathBuf::new(),
+            document: 0,
+        },
         object: None,
         message,
     };
@@ -290,7 +331,11 @@ fn unknown_field(input: &Value, known: &Value, path: &str) -> Option<String> {
                 if value.is_null() {
                     continue;
                 }
-                let here = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+                let here = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
                 match b.get(key) {
                     None => return Some(here),
                     Some(other) => {
@@ -348,15 +393,21 @@ mod tests {
 
     #[test]
     fn wrong_api_version_and_unknown_kind_are_errors() {
-        let err = parse("apiVersion: resource.k8s.io/v1beta1\nkind: DeviceClass\nmetadata: {name: gpu}\n")
-            .unwrap_err();
+        let err = parse(
+            "apiVersion: resource.k8s.io/v1beta1\nkind: DeviceClass\nmetadata: {name: gpu}\n",
+        )
+        .unwrap_err();
         assert_eq!(
             err.to_string(),
             "fleet.yaml (document 1): DeviceClass gpu: apiVersion resource.k8s.io/v1beta1 is not \
              supported for DeviceClass; use resource.k8s.io/v1"
         );
-        let err = parse("apiVersion: apps/v1\nkind: Deploymnet\nmetadata: {name: x}\n").unwrap_err();
-        assert!(err.to_string().contains("kind Deploymnet is not one simulate understands"));
+        let err =
+            parse("apiVersion: apps/v1\nkind: Deploymnet\nmetadata: {name: x}\n").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("kind Deploymnet is not one simulate understands")
+        );
     }
 
     #[test]
@@ -368,8 +419,14 @@ mod tests {
 
     #[test]
     fn wrong_type_is_reported() {
-        let err = parse("apiVersion: v1\nkind: Node\nmetadata: {name: n1}\nspec: {unschedulable: maybe}\n")
-            .unwrap_err();
-        assert!(err.to_string().starts_with("fleet.yaml (document 1): Node n1: invalid type"), "{err}");
+        let err = parse(
+            "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\nspec: {unschedulable: maybe}\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("fleet.yaml (document 1): Node n1: invalid type"),
+            "{err}"
+        );
     }
 }

@@ -36,28 +36,50 @@ pub struct Simulation {
 
 impl Simulation {
     pub fn pending(&self) -> usize {
-        self.pods.iter().filter(|(_, d)| matches!(d, Some(d) if d.node().is_none())).count()
+        self.pods
+            .iter()
+            .filter(|(_, d)| matches!(d, Some(d) if d.node().is_none()))
+            .count()
     }
 }
 
 pub fn load(paths: &[PathBuf]) -> Result<ClusterInput, SimulateError> {
     let manifests = manifests::load(paths)?;
     for ignored in &manifests.ignored {
-        eprintln!("note: {}: {} is not used by the simulation", ignored.source, ignored.object);
+        eprintln!(
+            "note: {}: {} is not used by the simulation",
+            ignored.source, ignored.object
+        );
     }
     Ok(expand::expand(manifests)?)
 }
 
 /// Schedule every pending pod that is ours, in queue order, assuming each decision.
 pub fn simulate(options: &Options, input: ClusterInput) -> Simulation {
-    let pod_order: Vec<ObjectKey> = input.pods.iter().map(|p| ObjectKey::of(&p.metadata)).collect();
-    let claim_order: Vec<ObjectKey> =
-        input.claims.iter().map(|c| ObjectKey::of(&c.metadata)).collect();
-    let position: HashMap<ObjectKey, usize> =
-        pod_order.iter().enumerate().map(|(i, k)| (k.clone(), i)).collect();
-    let config = EngineConfig { scheduler_name: options.scheduler_name.clone(), ..Default::default() };
+    let pod_order: Vec<ObjectKey> = input
+        .pods
+        .iter()
+        .map(|p| ObjectKey::of(&p.metadata))
+        .collect();
+    let claim_order: Vec<ObjectKey> = input
+        .claims
+        .iter()
+        .map(|c| ObjectKey::of(&c.metadata))
+        .collect();
+    let position: HashMap<ObjectKey, usize> = pod_order
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.clone(), i))
+        .collect();
+    let config = EngineConfig {
+        scheduler_name: options.scheduler_name.clone(),
+        ..Default::default()
+    };
     let mut engine = Engine::new(config, input);
-    let queue = engine.pending_pods(&|k| position.get(k).copied().unwrap_or(usize::MAX), options.all_schedulers);
+    let queue = engine.pending_pods(
+        &|k| position.get(k).copied().unwrap_or(usize::MAX),
+        options.all_schedulers,
+    );
     let mut decisions: HashMap<ObjectKey, Decision> = HashMap::new();
     let mut claim_order = claim_order;
     for key in queue {
@@ -70,9 +92,16 @@ pub fn simulate(options: &Options, input: ClusterInput) -> Simulation {
         }
         decisions.insert(key, decision);
     }
-    let pods = pod_order.into_iter().map(|k| {
-        let d = decisions.remove(&k);
-        (k, d)
-    }).collect();
-    Simulation { engine, pods, claim_order }
+    let pods = pod_order
+        .into_iter()
+        .map(|k| {
+            let d = decisions.remove(&k);
+            (k, d)
+        })
+        .collect();
+    Simulation {
+        engine,
+        pods,
+        claim_order,
+    }
 }

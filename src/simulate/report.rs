@@ -76,7 +76,10 @@ fn report(sim: &Simulation) -> Report {
                     .and_then(|s| s.reserved_for.as_ref())
                     .into_iter()
                     .flatten()
-                    .map(|r| ConsumerReport { resource: r.resource.clone(), name: r.name.clone() })
+                    .map(|r| ConsumerReport {
+                        resource: r.resource.clone(),
+                        name: r.name.clone(),
+                    })
                     .collect(),
             })
         })
@@ -91,18 +94,48 @@ pub fn json(sim: &Simulation) -> String {
 pub fn table(sim: &Simulation) -> String {
     let r = report(sim);
     let mut out = String::new();
-    let pod_width = r.pods.iter().map(|p| p.namespace.len() + p.name.len() + 1).max().unwrap_or(3).max(3);
-    let node_width = r.pods.iter().map(|p| p.node.as_deref().unwrap_or("PENDING").len()).max().unwrap_or(4).max(4);
-    out.push_str(&format!("{:pod_width$}  {:node_width$}  WHY\n", "POD", "NODE"));
+    let pod_width = r
+        .pods
+        .iter()
+        .map(|p| p.namespace.len() + p.name.len() + 1)
+        .max()
+        .unwrap_or(3)
+        .max(3);
+    let node_width = r
+        .pods
+        .iter()
+        .map(|p| p.node.as_deref().unwrap_or("PENDING").len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    out.push_str(&format!(
+        "{:pod_width$}  {:node_width$}  WHY\n",
+        "POD", "NODE"
+    ));
     for p in &r.pods {
         let name = format!("{}/{}", p.namespace, p.name);
         let node = p.node.as_deref().unwrap_or("PENDING");
-        out.push_str(&format!("{name:pod_width$}  {node:node_width$}  {}\n", p.message.as_deref().unwrap_or("")).trim_end());
+        out.push_str(
+            &format!(
+                "{name:pod_width$}  {node:node_width$}  {}\n",
+                p.message.as_deref().unwrap_or("")
+            )
+            .trim_end(),
+        );
         out.push('\n');
     }
     if !r.claims.is_empty() {
-        let claim_width = r.claims.iter().map(|c| c.namespace.len() + c.name.len() + 1).max().unwrap_or(5).max(5);
-        out.push_str(&format!("\n{:claim_width$}  DEVICES (driver/pool/device)  RESERVED FOR\n", "CLAIM"));
+        let claim_width = r
+            .claims
+            .iter()
+            .map(|c| c.namespace.len() + c.name.len() + 1)
+            .max()
+            .unwrap_or(5)
+            .max(5);
+        out.push_str(&format!(
+            "\n{:claim_width$}  DEVICES (driver/pool/device)  RESERVED FOR\n",
+            "CLAIM"
+        ));
         for c in &r.claims {
             let devices: Vec<String> = c
                 .allocation
@@ -120,10 +153,16 @@ pub fn table(sim: &Simulation) -> String {
                     )
                 })
                 .collect();
-            let devices = if devices.is_empty() { "-".to_string() } else { devices.join(",") };
+            let devices = if devices.is_empty() {
+                "-".to_string()
+            } else {
+                devices.join(",")
+            };
             let users: Vec<&str> = c.reserved_for.iter().map(|r| r.name.as_str()).collect();
             let name = format!("{}/{}", c.namespace, c.name);
-            out.push_str(&format!("{name:claim_width$}  {devices:28}  {}\n", users.join(",")).trim_end());
+            out.push_str(
+                &format!("{name:claim_width$}  {devices:28}  {}\n", users.join(",")).trim_end(),
+            );
             out.push('\n');
         }
     }

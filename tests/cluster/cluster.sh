@@ -233,6 +233,7 @@ up() {
     --controllers "$controllers" \
     --service-account-private-key-file "$pki/sa.key" \
     --root-ca-file "$pki/ca.crt" \
+    --use-service-account-credentials=true \
     --feature-gates "$(feature_gates)" \
     --leader-elect=false \
     --concurrent-deployment-syncs 10 --concurrent-replicaset-syncs 10

@@ -63,10 +63,16 @@ pub struct Placement {
 pub enum Decision {
     Scheduled(Placement),
     /// No node fits now; `message` says why, grouped by reason.
-    Unschedulable { pod: ObjectKey, message: String },
+    Unschedulable {
+        pod: ObjectKey,
+        message: String,
+    },
     /// The attempt itself failed (a CEL error, a missing class, an invalid pool...): the
     /// message names the object and the cause; the pod should back off.
-    Error { pod: ObjectKey, message: String },
+    Error {
+        pod: ObjectKey,
+        message: String,
+    },
 }
 
 impl Decision {
@@ -105,7 +111,12 @@ pub struct Engine {
 
 /// A node that passed or failed, with why.
 enum NodeResult {
-    Feasible { node: String, allocations: Vec<AllocationResult>, score: Score, ext_claim: bool },
+    Feasible {
+        node: String,
+        allocations: Vec<AllocationResult>,
+        score: Score,
+        ext_claim: bool,
+    },
     Unfit(String),
     Error(String),
 }
@@ -125,7 +136,11 @@ struct Score {
 
 impl Engine {
     pub fn new(config: EngineConfig, input: ClusterInput) -> Self {
-        Engine { config, state: ClusterState::new(input), snapshot: None }
+        Engine {
+            config,
+            state: ClusterState::new(input),
+            snapshot: None,
+        }
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -153,7 +168,10 @@ impl Engine {
             .filter(|(_, p)| all || self.is_ours(p))
             .collect();
         pending.sort_by_key(|(k, p)| {
-            (std::cmp::Reverse(p.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)), order(k))
+            (
+                std::cmp::Reverse(p.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)),
+                order(k),
+            )
         });
         pending.into_iter().map(|(k, _)| k.clone()).collect()
     }
@@ -187,10 +205,23 @@ impl Engine {
 
     /// The claims a pod references, by pod claim name, or why one is not usable yet.
     fn pod_claims(&self, pod: &Pod) -> Result<Vec<ObjectKey>, String> {
-        let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-        let statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
+        let ns = pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let statuses = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.resource_claim_statuses.as_ref());
         let mut keys = Vec::new();
-        for pc in pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()).into_iter().flatten() {
+        for pc in pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.resource_claims.as_ref())
+            .into_iter()
+            .flatten()
+        {
             let name = if let Some(name) = pc.resource_claim_name.as_deref() {
                 name.to_string()
             } else if pc.resource_claim_template_name.is_some() {
@@ -204,12 +235,17 @@ impl Engine {
                         return Err(format!(
                             "waiting for the ResourceClaim of pod claim {} to be created from ResourceClaimTemplate {}",
                             pc.name,
-                            pc.resource_claim_template_name.as_deref().unwrap_or_default()
+                            pc.resource_claim_template_name
+                                .as_deref()
+                                .unwrap_or_default()
                         ));
                     }
                 }
             } else {
-                return Err(format!("pod claim {} names neither a claim nor a template", pc.name));
+                return Err(format!(
+                    "pod claim {} names neither a claim nor a template",
+                    pc.name
+                ));
             };
             let key = ObjectKey::new(ns.clone(), name);
             let Some(claim) = self.state.claims.get(&key) else {
@@ -225,7 +261,8 @@ impl Engine {
                 let owned = claim.metadata.owner_references.iter().flatten().any(|o| {
                     o.kind == "Pod"
                         && o.name == owner
-                        && (pod.metadata.uid.is_none() || pod.metadata.uid.as_deref() == Some(&o.uid))
+                        && (pod.metadata.uid.is_none()
+                            || pod.metadata.uid.as_deref() == Some(&o.uid))
                 });
                 if !owned {
                     return Err(format!(
@@ -242,16 +279,27 @@ impl Engine {
     /// [`Engine::assume`] with a `Scheduled` decision to take it.
     pub fn schedule(&mut self, pod_key: &ObjectKey) -> Decision {
         let Some(pod) = self.state.pods.get(pod_key).cloned() else {
-            return Decision::Error { pod: pod_key.clone(), message: format!("pod {pod_key} not found") };
+            return Decision::Error {
+                pod: pod_key.clone(),
+                message: format!("pod {pod_key} not found"),
+            };
         };
-        let unschedulable = |message: String| Decision::Unschedulable { pod: pod_key.clone(), message };
+        let unschedulable = |message: String| Decision::Unschedulable {
+            pod: pod_key.clone(),
+            message,
+        };
         let claim_keys = match self.pod_claims(&pod) {
             Ok(k) => k,
             Err(message) => return unschedulable(message),
         };
         let requests = match pod_requests(&pod) {
             Ok(r) => r,
-            Err(e) => return Decision::Error { pod: pod_key.clone(), message: format!("pod {pod_key}: {e}") },
+            Err(e) => {
+                return Decision::Error {
+                    pod: pod_key.clone(),
+                    message: format!("pod {pod_key}: {e}"),
+                };
+            }
         };
         let pod_uid = pod.metadata.uid.clone();
         let pod_name = pod.metadata.name.clone().unwrap_or_default();
@@ -262,12 +310,17 @@ impl Engine {
         for key in &claim_keys {
             let claim = self.state.claims[key].clone();
             let status = claim.status.as_ref();
-            let reserved = status.and_then(|s| s.reserved_for.as_ref()).map(Vec::len).unwrap_or(0);
+            let reserved = status
+                .and_then(|s| s.reserved_for.as_ref())
+                .map(Vec::len)
+                .unwrap_or(0);
             let reserved_for_us = status
                 .and_then(|s| s.reserved_for.as_ref())
                 .is_some_and(|r| r.iter().any(|c| c.resource == "pods" && c.name == pod_name));
             if reserved >= 256 && !reserved_for_us {
-                return unschedulable(format!("ResourceClaim {key} is reserved for the maximum of 256 consumers"));
+                return unschedulable(format!(
+                    "ResourceClaim {key} is reserved for the maximum of 256 consumers"
+                ));
             }
             if status.and_then(|s| s.allocation.as_ref()).is_some() {
                 allocated.push((key.clone(), claim));
@@ -285,10 +338,20 @@ impl Engine {
         let allocator_plain = match (!plain.is_empty()).then(|| Allocator::new(&snapshot, &plain)) {
             None => None,
             Some(Ok(a)) => Some(a),
-            Some(Err(e)) => return Decision::Error { pod: pod_key.clone(), message: attempt_error(&e) },
+            Some(Err(e)) => {
+                return Decision::Error {
+                    pod: pod_key.clone(),
+                    message: attempt_error(&e),
+                };
+            }
         };
-        let ext_claim_all = (!ext.is_empty())
-            .then(|| extended::claim_for(&pod_key.namespace, &pod_name, &ext.iter().collect::<Vec<_>>()));
+        let ext_claim_all = (!ext.is_empty()).then(|| {
+            extended::claim_for(
+                &pod_key.namespace,
+                &pod_name,
+                &ext.iter().collect::<Vec<_>>(),
+            )
+        });
         let allocator_ext = match ext_claim_all.as_ref().map(|c| {
             let mut claims = plain.clone();
             claims.push(c);
@@ -296,7 +359,12 @@ impl Engine {
         }) {
             None => None,
             Some(Ok(a)) => Some(a),
-            Some(Err(e)) => return Decision::Error { pod: pod_key.clone(), message: attempt_error(&e) },
+            Some(Err(e)) => {
+                return Decision::Error {
+                    pod: pod_key.clone(),
+                    message: attempt_error(&e),
+                };
+            }
         };
         let node_names: Vec<String> = self.state.nodes.keys().cloned().collect();
         let total = node_names.len();
@@ -316,16 +384,24 @@ impl Engine {
                     None => Ok(()),
                 })
                 .and_then(|_| {
-                    filters::resources_fit(&requests, &info.allocatable, &info.used, info.pods, &|r| {
-                        ext.iter().any(|e| e.resource == r)
-                    })
+                    filters::resources_fit(
+                        &requests,
+                        &info.allocatable,
+                        &info.used,
+                        info.pods,
+                        &|r| ext.iter().any(|e| e.resource == r),
+                    )
                 })
                 .and_then(|_| filters::host_ports_free(&ports, &info.ports));
             if let Err(reason) = check {
                 return NodeResult::Unfit(reason);
             }
             for (key, claim) in &allocated {
-                if let Some(sel) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()).and_then(|a| a.node_selector.as_ref())
+                if let Some(sel) = claim
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.allocation.as_ref())
+                    .and_then(|a| a.node_selector.as_ref())
                     && !filters::node_selector_terms_match(&sel.node_selector_terms, node)
                 {
                     return NodeResult::Unfit(format!(
@@ -334,8 +410,10 @@ impl Engine {
                 }
             }
             // Extended resources the node has no device-plugin capacity for go to DRA.
-            let ext_here: Vec<&extended::ExtendedRequest> =
-                ext.iter().filter(|e| !info.allocatable.0.contains_key(&e.resource)).collect();
+            let ext_here: Vec<&extended::ExtendedRequest> = ext
+                .iter()
+                .filter(|e| !info.allocatable.0.contains_key(&e.resource))
+                .collect();
             let own;
             let allocator = if ext_here.is_empty() {
                 allocator_plain.as_ref()
@@ -376,10 +454,18 @@ impl Engine {
         let chunk = 64.max(wanted.min(total));
         for names in node_names.chunks(chunk) {
             let part: Vec<NodeResult> = names.par_iter().map(&evaluate).collect();
-            if let Some(NodeResult::Error(message)) = part.iter().find(|r| matches!(r, NodeResult::Error(_))) {
-                return Decision::Error { pod: pod_key.clone(), message: message.clone() };
+            if let Some(NodeResult::Error(message)) =
+                part.iter().find(|r| matches!(r, NodeResult::Error(_)))
+            {
+                return Decision::Error {
+                    pod: pod_key.clone(),
+                    message: message.clone(),
+                };
             }
-            feasible += part.iter().filter(|r| matches!(r, NodeResult::Feasible { .. })).count();
+            feasible += part
+                .iter()
+                .filter(|r| matches!(r, NodeResult::Feasible { .. }))
+                .count();
             results.extend(part);
             if feasible >= wanted {
                 break;
@@ -398,7 +484,12 @@ impl Engine {
         let Some(best) = best else {
             return unschedulable(group_reasons(total, &results));
         };
-        let Some(NodeResult::Feasible { node, allocations, ext_claim, .. }) = results
+        let Some(NodeResult::Feasible {
+            node,
+            allocations,
+            ext_claim,
+            ..
+        }) = results
             .into_iter()
             .find(|r| matches!(r, NodeResult::Feasible { node, .. } if *node == best))
         else {
@@ -409,21 +500,43 @@ impl Engine {
         let mut claims: Vec<ClaimDecision> = Vec::new();
         for key in &claim_keys {
             if let Some((_, claim)) = allocated.iter().find(|(k, _)| k == key) {
-                claims.push(ClaimDecision { key: key.clone(), claim: claim.clone(), allocation: None, create: false });
+                claims.push(ClaimDecision {
+                    key: key.clone(),
+                    claim: claim.clone(),
+                    allocation: None,
+                    create: false,
+                });
             } else if !claims.iter().any(|c| &c.key == key) {
                 let claim = self.state.claims[key].clone();
-                claims.push(ClaimDecision { key: key.clone(), claim, allocation: allocations.next(), create: false });
+                claims.push(ClaimDecision {
+                    key: key.clone(),
+                    claim,
+                    allocation: allocations.next(),
+                    create: false,
+                });
             }
         }
         if ext_claim {
             let info = &self.state.nodes[&node];
-            let ext_here: Vec<&extended::ExtendedRequest> =
-                ext.iter().filter(|e| !info.allocatable.0.contains_key(&e.resource)).collect();
+            let ext_here: Vec<&extended::ExtendedRequest> = ext
+                .iter()
+                .filter(|e| !info.allocatable.0.contains_key(&e.resource))
+                .collect();
             let claim = extended::claim_for(&pod_key.namespace, &pod_name, &ext_here);
             let key = ObjectKey::of(&claim.metadata);
-            claims.push(ClaimDecision { key, claim, allocation: allocations.next(), create: true });
+            claims.push(ClaimDecision {
+                key,
+                claim,
+                allocation: allocations.next(),
+                create: true,
+            });
         }
-        Decision::Scheduled(Placement { pod: pod_key.clone(), pod_uid, node, claims })
+        Decision::Scheduled(Placement {
+            pod: pod_key.clone(),
+            pod_uid,
+            node,
+            claims,
+        })
     }
 
     fn feasible_nodes_to_find(&self, total: usize) -> usize {
@@ -447,8 +560,14 @@ impl Engine {
             api_group: None,
         };
         for decision in &placement.claims {
-            let claim = self.state.claims.entry(decision.key.clone()).or_insert_with(|| decision.claim.clone());
-            let status = claim.status.get_or_insert_with(ResourceClaimStatus::default);
+            let claim = self
+                .state
+                .claims
+                .entry(decision.key.clone())
+                .or_insert_with(|| decision.claim.clone());
+            let status = claim
+                .status
+                .get_or_insert_with(ResourceClaimStatus::default);
             if let Some(allocation) = &decision.allocation {
                 status.allocation = Some(allocation.clone());
                 if let Some(snapshot) = self.snapshot.as_mut().and_then(Arc::get_mut) {
@@ -458,7 +577,10 @@ impl Engine {
                 }
             }
             let reserved = status.reserved_for.get_or_insert_with(Vec::new);
-            if !reserved.iter().any(|r| r.name == pod_ref.name && r.resource == "pods") {
+            if !reserved
+                .iter()
+                .any(|r| r.name == pod_ref.name && r.resource == "pods")
+            {
                 reserved.push(pod_ref.clone());
             }
         }
@@ -472,7 +594,9 @@ impl Engine {
     /// was given are free again.
     pub fn forget(&mut self, placement: &Placement) {
         for decision in &placement.claims {
-            let Some(claim) = self.state.claims.get_mut(&decision.key) else { continue };
+            let Some(claim) = self.state.claims.get_mut(&decision.key) else {
+                continue;
+            };
             if decision.create {
                 self.state.claims.remove(&decision.key);
                 if let Some(allocation) = &decision.allocation {
@@ -480,7 +604,9 @@ impl Engine {
                 }
                 continue;
             }
-            let status = claim.status.get_or_insert_with(ResourceClaimStatus::default);
+            let status = claim
+                .status
+                .get_or_insert_with(ResourceClaimStatus::default);
             if let Some(reserved) = status.reserved_for.as_mut() {
                 reserved.retain(|r| !(r.resource == "pods" && r.name == placement.pod.name));
             }
@@ -507,7 +633,11 @@ impl Engine {
     }
 }
 
-fn score(info: &NodeInfo, requests: &crate::resources::ResourceList, quality: Option<&dra_allocator::Quality>) -> Score {
+fn score(
+    info: &NodeInfo,
+    requests: &crate::resources::ResourceList,
+    quality: Option<&dra_allocator::Quality>,
+) -> Score {
     let free_share = |name: &str| -> i64 {
         let alloc = info.allocatable.get(name).nanos();
         if alloc <= 0 {
@@ -529,10 +659,16 @@ fn describe_unfit(explanation: &dra_allocator::Explanation) -> String {
     let mut parts: Vec<String> = explanation.requests.iter().map(|r| r.to_string()).collect();
     parts.extend(explanation.notes.iter().cloned());
     if !explanation.incomplete_pools.is_empty() {
-        parts.push(format!("pools being updated: {}", explanation.incomplete_pools.join(", ")));
+        parts.push(format!(
+            "pools being updated: {}",
+            explanation.incomplete_pools.join(", ")
+        ));
     }
     if !explanation.invalid_pools.is_empty() {
-        parts.push(format!("invalid pools: {}", explanation.invalid_pools.join(", ")));
+        parts.push(format!(
+            "invalid pools: {}",
+            explanation.invalid_pools.join(", ")
+        ));
     }
     if parts.is_empty() {
         "cannot allocate all claims".into()

@@ -28,7 +28,10 @@ fn is_extended(name: &str) -> bool {
 }
 
 /// The pod's extended resources that some DeviceClass serves.
-pub fn requests_served_by_dra(requests: &ResourceList, classes: &[DeviceClass]) -> Vec<ExtendedRequest> {
+pub fn requests_served_by_dra(
+    requests: &ResourceList,
+    classes: &[DeviceClass],
+) -> Vec<ExtendedRequest> {
     let mut sorted: Vec<&DeviceClass> = classes.iter().collect();
     sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let mut out = Vec::new();
@@ -38,7 +41,10 @@ pub fn requests_served_by_dra(requests: &ResourceList, classes: &[DeviceClass]) 
         }
         let class = sorted.iter().find(|c| {
             let name = c.metadata.name.as_deref().unwrap_or_default();
-            c.spec.as_ref().and_then(|s| s.extended_resource_name.as_deref()) == Some(resource.as_str())
+            c.spec
+                .as_ref()
+                .and_then(|s| s.extended_resource_name.as_deref())
+                == Some(resource.as_str())
                 || resource.strip_prefix(IMPLICIT_PREFIX) == Some(name)
         });
         if let Some(class) = class {
@@ -60,8 +66,11 @@ pub fn claim_for(namespace: &str, pod: &str, requests: &[&ExtendedRequest]) -> R
             name: Some(format!("{pod}-extended-resources")),
             namespace: Some(namespace.into()),
             annotations: Some(
-                [("resource.kubernetes.io/extended-resource-claim".to_string(), "true".to_string())]
-                    .into(),
+                [(
+                    "resource.kubernetes.io/extended-resource-claim".to_string(),
+                    "true".to_string(),
+                )]
+                .into(),
             ),
             owner_references: Some(vec![OwnerReference {
                 api_version: "v1".into(),
@@ -106,14 +115,29 @@ mod tests {
     fn a_class_with_the_resource_name_serves_it() {
         let class: DeviceClass = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "gpu.nvidia.com"},
-            "spec": {"extendedResourceName": "nvidia.com/gpu"}})).unwrap();
+            "spec": {"extendedResourceName": "nvidia.com/gpu"}}))
+        .unwrap();
         let requests = ResourceList(
-            [("nvidia.com/gpu".to_string(), "2".parse().unwrap()), ("cpu".to_string(), "1".parse().unwrap())].into(),
+            [
+                ("nvidia.com/gpu".to_string(), "2".parse().unwrap()),
+                ("cpu".to_string(), "1".parse().unwrap()),
+            ]
+            .into(),
         );
         let served = requests_served_by_dra(&requests, &[class]);
-        assert_eq!(served, vec![ExtendedRequest { resource: "nvidia.com/gpu".into(), class: "gpu.nvidia.com".into(), count: 2 }]);
+        assert_eq!(
+            served,
+            vec![ExtendedRequest {
+                resource: "nvidia.com/gpu".into(),
+                class: "gpu.nvidia.com".into(),
+                count: 2
+            }]
+        );
         let claim = claim_for("ml", "trainer", &served.iter().collect::<Vec<_>>());
-        assert_eq!(claim.metadata.name.as_deref(), Some("trainer-extended-resources"));
+        assert_eq!(
+            claim.metadata.name.as_deref(),
+            Some("trainer-extended-resources")
+        );
         let req = &claim.spec.unwrap().devices.unwrap().requests.unwrap()[0];
         assert_eq!(req.exactly.as_ref().unwrap().count, Some(2));
     }
@@ -121,8 +145,15 @@ mod tests {
     #[test]
     fn implicit_class_resource_name() {
         let class: DeviceClass = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "fpga"}, "spec": {}})).unwrap();
-        let requests = ResourceList([("deviceclass.resource.kubernetes.io/fpga".to_string(), "1".parse().unwrap())].into());
+            "metadata": {"name": "fpga"}, "spec": {}}))
+        .unwrap();
+        let requests = ResourceList(
+            [(
+                "deviceclass.resource.kubernetes.io/fpga".to_string(),
+                "1".parse().unwrap(),
+            )]
+            .into(),
+        );
         assert_eq!(requests_served_by_dra(&requests, &[class])[0].class, "fpga");
     }
 }

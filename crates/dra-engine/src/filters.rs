@@ -41,7 +41,10 @@ pub fn unschedulable(pod: &Pod, node: &Node) -> Result<(), String> {
 }
 
 fn tolerations(pod: &Pod) -> &[Toleration] {
-    pod.spec.as_ref().and_then(|s| s.tolerations.as_deref()).unwrap_or_default()
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_deref())
+        .unwrap_or_default()
 }
 
 /// Whether `toleration` tolerates `taint` (core/v1 semantics).
@@ -66,12 +69,21 @@ pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
 /// NoSchedule and NoExecute node taints must be tolerated; PreferNoSchedule only scores.
 pub fn taints(pod: &Pod, node: &Node) -> Result<(), String> {
     let tols = tolerations(pod);
-    for taint in node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default() {
+    for taint in node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or_default()
+    {
         if taint.effect == "PreferNoSchedule" {
             continue;
         }
         if !tols.iter().any(|t| tolerates(t, taint)) {
-            let value = taint.value.as_deref().map(|v| format!("={v}")).unwrap_or_default();
+            let value = taint
+                .value
+                .as_deref()
+                .map(|v| format!("={v}"))
+                .unwrap_or_default();
             return Err(format!(
                 "node(s) had untolerated taint {{{}{}: {}}}",
                 taint.key, value, taint.effect
@@ -83,7 +95,9 @@ pub fn taints(pod: &Pod, node: &Node) -> Result<(), String> {
 
 /// `spec.nodeSelector` and required node affinity.
 pub fn node_affinity(pod: &Pod, node: &Node) -> Result<(), String> {
-    let Some(spec) = pod.spec.as_ref() else { return Ok(()) };
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(());
+    };
     let labels = node.metadata.labels.clone().unwrap_or_default();
     if let Some(selector) = spec.node_selector.as_ref()
         && !selector.iter().all(|(k, v)| labels.get(k) == Some(v))
@@ -94,7 +108,10 @@ pub fn node_affinity(pod: &Pod, node: &Node) -> Result<(), String> {
         .affinity
         .as_ref()
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|na| na.required_during_scheduling_ignored_during_execution.as_ref());
+        .and_then(|na| {
+            na.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
     if let Some(required) = required
         && !node_selector_terms_match(&required.node_selector_terms, node)
     {
@@ -129,11 +146,17 @@ fn requirement_matches(req: &NodeSelectorRequirement, labels: &BTreeMap<String, 
         "Exists" => value.is_some(),
         "DoesNotExist" => value.is_none(),
         "Gt" | "Lt" => {
-            let (Some(v), [bound]) = (value, values) else { return false };
+            let (Some(v), [bound]) = (value, values) else {
+                return false;
+            };
             let (Ok(v), Ok(bound)) = (v.parse::<i64>(), bound.parse::<i64>()) else {
                 return false;
             };
-            if req.operator == "Gt" { v > bound } else { v < bound }
+            if req.operator == "Gt" {
+                v > bound
+            } else {
+                v < bound
+            }
         }
         _ => false,
     }
@@ -148,7 +171,11 @@ pub fn resources_fit(
     pods_on_node: usize,
     dra_served: &dyn Fn(&str) -> bool,
 ) -> Result<(), String> {
-    let max_pods = allocatable.0.get("pods").map(|q| q.value().unwrap_or(i64::MAX) as i128).unwrap_or(110);
+    let max_pods = allocatable
+        .0
+        .get("pods")
+        .map(|q| q.value().unwrap_or(i64::MAX) as i128)
+        .unwrap_or(110);
     if pods_on_node as i128 + 1 > max_pods {
         return Err("Too many pods".into());
     }
@@ -169,7 +196,11 @@ pub fn resources_fit(
     if short.is_empty() {
         Ok(())
     } else {
-        Err(short.iter().map(|n| format!("Insufficient {n}")).collect::<Vec<_>>().join(", "))
+        Err(short
+            .iter()
+            .map(|n| format!("Insufficient {n}"))
+            .collect::<Vec<_>>()
+            .join(", "))
     }
 }
 
@@ -177,7 +208,9 @@ pub fn resources_fit(
 pub type HostPort = (String, String, i32);
 
 pub fn host_ports(pod: &Pod) -> Vec<HostPort> {
-    let Some(spec) = pod.spec.as_ref() else { return Vec::new() };
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
     spec.containers
         .iter()
         .chain(spec.init_containers.iter().flatten())
@@ -186,7 +219,10 @@ pub fn host_ports(pod: &Pod) -> Vec<HostPort> {
             let port = p.host_port.filter(|p| *p > 0)?;
             Some((
                 p.protocol.clone().unwrap_or_else(|| "TCP".into()),
-                p.host_ip.clone().filter(|ip| !ip.is_empty()).unwrap_or_else(|| "0.0.0.0".into()),
+                p.host_ip
+                    .clone()
+                    .filter(|ip| !ip.is_empty())
+                    .unwrap_or_else(|| "0.0.0.0".into()),
                 port,
             ))
         })
@@ -200,7 +236,11 @@ pub fn host_ports_free(wanted: &[HostPort], in_use: &[HostPort]) -> Result<(), S
             proto == p2 && port == port2 && (ip == "0.0.0.0" || ip2 == "0.0.0.0" || ip == ip2)
         })
     });
-    if conflict { Err("node(s) didn't have free ports for the requested pod ports".into()) } else { Ok(()) }
+    if conflict {
+        Err("node(s) didn't have free ports for the requested pod ports".into())
+    } else {
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -221,7 +261,10 @@ mod tests {
             {"key": "gpu", "value": "true", "effect": "NoSchedule"},
             {"key": "soft", "effect": "PreferNoSchedule"}]}}));
         let plain = pod(json!({"containers": []}));
-        assert_eq!(taints(&plain, &n).unwrap_err(), "node(s) had untolerated taint {gpu=true: NoSchedule}");
+        assert_eq!(
+            taints(&plain, &n).unwrap_err(),
+            "node(s) had untolerated taint {gpu=true: NoSchedule}"
+        );
         let tolerant = pod(json!({"containers": [], "tolerations": [
             {"key": "gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]}));
         assert!(taints(&tolerant, &n).is_ok());
@@ -235,7 +278,10 @@ mod tests {
     #[test]
     fn cordoned_node_needs_the_unschedulable_toleration() {
         let n = node(json!({"metadata": {"name": "n1"}, "spec": {"unschedulable": true}}));
-        assert_eq!(unschedulable(&pod(json!({"containers": []})), &n).unwrap_err(), "node(s) were unschedulable");
+        assert_eq!(
+            unschedulable(&pod(json!({"containers": []})), &n).unwrap_err(),
+            "node(s) were unschedulable"
+        );
         let p = pod(json!({"containers": [], "tolerations": [
             {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}]}));
         assert!(unschedulable(&p, &n).is_ok());
@@ -244,8 +290,20 @@ mod tests {
     #[test]
     fn node_selector_and_required_affinity() {
         let n = node(json!({"metadata": {"name": "n1", "labels": {"zone": "a", "gpus": "8"}}}));
-        assert!(node_affinity(&pod(json!({"containers": [], "nodeSelector": {"zone": "a"}})), &n).is_ok());
-        assert!(node_affinity(&pod(json!({"containers": [], "nodeSelector": {"zone": "b"}})), &n).is_err());
+        assert!(
+            node_affinity(
+                &pod(json!({"containers": [], "nodeSelector": {"zone": "a"}})),
+                &n
+            )
+            .is_ok()
+        );
+        assert!(
+            node_affinity(
+                &pod(json!({"containers": [], "nodeSelector": {"zone": "b"}})),
+                &n
+            )
+            .is_err()
+        );
         let affinity = |op: &str, values: serde_json::Value| {
             pod(json!({"containers": [], "affinity": {"nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -265,26 +323,48 @@ mod tests {
     #[test]
     fn resources_fit_reports_each_short_resource() {
         let list = |pairs: &[(&str, &str)]| {
-            ResourceList(pairs.iter().map(|(k, v)| (k.to_string(), v.parse().unwrap())).collect())
+            ResourceList(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.parse().unwrap()))
+                    .collect(),
+            )
         };
         let alloc = list(&[("cpu", "4"), ("memory", "8Gi"), ("pods", "110")]);
         let used = list(&[("cpu", "3500m")]);
-        let err = resources_fit(&list(&[("cpu", "1"), ("memory", "9Gi")]), &alloc, &used, 0, &|_| false)
-            .unwrap_err();
+        let err = resources_fit(
+            &list(&[("cpu", "1"), ("memory", "9Gi")]),
+            &alloc,
+            &used,
+            0,
+            &|_| false,
+        )
+        .unwrap_err();
         assert_eq!(err, "Insufficient cpu, Insufficient memory");
         assert!(resources_fit(&list(&[("cpu", "500m")]), &alloc, &used, 0, &|_| false).is_ok());
         // An extended resource the node lacks fails unless DRA serves it.
         let gpu = list(&[("nvidia.com/gpu", "1")]);
-        assert_eq!(resources_fit(&gpu, &alloc, &used, 0, &|_| false).unwrap_err(), "Insufficient nvidia.com/gpu");
+        assert_eq!(
+            resources_fit(&gpu, &alloc, &used, 0, &|_| false).unwrap_err(),
+            "Insufficient nvidia.com/gpu"
+        );
         assert!(resources_fit(&gpu, &alloc, &used, 0, &|n| n == "nvidia.com/gpu").is_ok());
-        assert_eq!(resources_fit(&list(&[]), &list(&[("pods", "2")]), &used, 2, &|_| false).unwrap_err(), "Too many pods");
+        assert_eq!(
+            resources_fit(&list(&[]), &list(&[("pods", "2")]), &used, 2, &|_| false).unwrap_err(),
+            "Too many pods"
+        );
     }
 
     #[test]
     fn host_ports_conflict_on_wildcard_or_same_ip() {
-        let p = pod(json!({"containers": [{"name": "a", "ports": [{"containerPort": 80, "hostPort": 8080}]}]}));
+        let p = pod(
+            json!({"containers": [{"name": "a", "ports": [{"containerPort": 80, "hostPort": 8080}]}]}),
+        );
         let wanted = host_ports(&p);
-        assert_eq!(wanted, vec![("TCP".to_string(), "0.0.0.0".to_string(), 8080)]);
+        assert_eq!(
+            wanted,
+            vec![("TCP".to_string(), "0.0.0.0".to_string(), 8080)]
+        );
         assert!(host_ports_free(&wanted, &[("TCP".into(), "10.0.0.1".into(), 8080)]).is_err());
         assert!(host_ports_free(&wanted, &[("UDP".into(), "10.0.0.1".into(), 8080)]).is_ok());
         assert!(host_ports_free(&wanted, &[("TCP".into(), "0.0.0.0".into(), 9090)]).is_ok());

@@ -49,7 +49,8 @@ impl ResourceList {
         let mut out = ResourceList::default();
         for (name, q) in map.into_iter().flatten() {
             let parsed: Quantity =
-                q.0.parse().map_err(|e| format!("resource {name}: quantity {:?}: {e}", q.0))?;
+                q.0.parse()
+                    .map_err(|e| format!("resource {name}: quantity {:?}: {e}", q.0))?;
             out.0.insert(name.clone(), parsed);
         }
         Ok(out)
@@ -70,7 +71,9 @@ fn container_requests(c: &Container) -> Result<ResourceList, String> {
 
 /// The resources `pod` needs on its node, as kube-scheduler counts them.
 pub fn pod_requests(pod: &Pod) -> Result<ResourceList, String> {
-    let Some(spec) = pod.spec.as_ref() else { return Ok(ResourceList::default()) };
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(ResourceList::default());
+    };
     let mut total = ResourceList::default();
     for c in &spec.containers {
         total.add(&container_requests(c)?);
@@ -153,6 +156,9 @@ mod tests {
         let p = pod(json!({"containers": [
             {"name": "a", "resources": {"requests": {"memory": "12 GB"}}}]}));
         let err = pod_requests(&p).unwrap_err();
-        assert!(err.contains("resource memory") && err.contains("12 GB"), "{err}");
+        assert!(
+            err.contains("resource memory") && err.contains("12 GB"),
+            "{err}"
+        );
     }
 }

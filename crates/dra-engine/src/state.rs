@@ -32,7 +32,10 @@ pub struct ObjectKey {
 
 impl ObjectKey {
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        ObjectKey { namespace: namespace.into(), name: name.into() }
+        ObjectKey {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
     }
 
     pub fn of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Self {
@@ -64,12 +67,24 @@ pub struct NodeInfo {
 impl NodeInfo {
     pub fn new(node: Node) -> Self {
         let (allocatable, broken) = match ResourceList::parse(
-            node.status.as_ref().and_then(|s| s.allocatable.as_ref().or(s.capacity.as_ref())),
+            node.status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref().or(s.capacity.as_ref())),
         ) {
             Ok(list) => (list, None),
-            Err(e) => (ResourceList::default(), Some(format!("node status.allocatable: {e}"))),
+            Err(e) => (
+                ResourceList::default(),
+                Some(format!("node status.allocatable: {e}")),
+            ),
         };
-        NodeInfo { node, allocatable, used: ResourceList::default(), pods: 0, ports: Vec::new(), broken }
+        NodeInfo {
+            node,
+            allocatable,
+            used: ResourceList::default(),
+            pods: 0,
+            ports: Vec::new(),
+            broken,
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -107,7 +122,10 @@ pub fn is_terminal(pod: &Pod) -> bool {
 }
 
 pub fn bound_node(pod: &Pod) -> Option<&str> {
-    pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).filter(|n| !n.is_empty())
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .filter(|n| !n.is_empty())
 }
 
 /// The cluster state, indexed for the scheduling cycle.
@@ -124,7 +142,16 @@ pub struct ClusterState {
 impl ClusterState {
     pub fn new(input: ClusterInput) -> Self {
         let mut state = ClusterState {
-            nodes: input.nodes.into_iter().map(|n| (n.metadata.name.clone().unwrap_or_default(), NodeInfo::new(n))).collect(),
+            nodes: input
+                .nodes
+                .into_iter()
+                .map(|n| {
+                    (
+                        n.metadata.name.clone().unwrap_or_default(),
+                        NodeInfo::new(n),
+                    )
+                })
+                .collect(),
             classes: input.classes,
             slices: input.slices,
             taint_rules: input.taint_rules,

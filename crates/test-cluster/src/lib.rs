@@ -38,7 +38,10 @@ static SHARED: OnceLock<Result<TestCluster, String>> = OnceLock::new();
 
 /// The repository root (this crate lives in `crates/test-cluster`).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repo root")
 }
 
 impl TestCluster {
@@ -90,7 +93,11 @@ impl TestCluster {
             .output()
             .map_err(|e| format!("could not run {}: {e}", script.display()))?;
         let bin = PathBuf::from(String::from_utf8_lossy(&bin.stdout).trim());
-        Ok(TestCluster { kubeconfig: dir.join("admin.kubeconfig"), bin, dir })
+        Ok(TestCluster {
+            kubeconfig: dir.join("admin.kubeconfig"),
+            bin,
+            dir,
+        })
     }
 
     /// The cluster's state directory (logs in `logs/`).

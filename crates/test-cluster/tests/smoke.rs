@@ -15,7 +15,10 @@ use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use test_cluster::{TestCluster, eventually, server_message};
 
 fn meta(name: &str) -> ObjectMeta {
-    ObjectMeta { name: Some(name.into()), ..Default::default() }
+    ObjectMeta {
+        name: Some(name.into()),
+        ..Default::default()
+    }
 }
 
 fn gpu_class(name: &str) -> DeviceClass {
@@ -50,7 +53,10 @@ fn slice(name: &str, node: &str, devices: &[&str]) -> ResourceSlice {
                         name: d.to_string(),
                         attributes: Some(BTreeMap::from([(
                             "model".to_string(),
-                            DeviceAttribute { string: Some("A100".into()), ..Default::default() },
+                            DeviceAttribute {
+                                string: Some("A100".into()),
+                                ..Default::default()
+                            },
                         )])),
                         ..Default::default()
                     })
@@ -82,12 +88,18 @@ async fn device_class_slice_and_claim_round_trip() {
     let ns = TestCluster::shared().namespace("smoke-roundtrip").await;
     let class_name = format!("{}.gpu.example.com", ns.name);
     let classes = ns.cluster_api::<DeviceClass>();
-    classes.create(&PostParams::default(), &gpu_class(&class_name)).await.unwrap();
+    classes
+        .create(&PostParams::default(), &gpu_class(&class_name))
+        .await
+        .unwrap();
 
     let slices = ns.cluster_api::<ResourceSlice>();
     let slice_name = format!("{}-node-a", ns.name);
     slices
-        .create(&PostParams::default(), &slice(&slice_name, "node-a", &["gpu-0", "gpu-1"]))
+        .create(
+            &PostParams::default(),
+            &slice(&slice_name, "node-a", &["gpu-0", "gpu-1"]),
+        )
         .await
         .unwrap();
 
@@ -101,24 +113,44 @@ async fn device_class_slice_and_claim_round_trip() {
 
     let class = classes.get(&class_name).await.unwrap();
     let selector = &class.spec.unwrap().selectors.unwrap()[0];
-    assert_eq!(selector.cel.as_ref().unwrap().expression, "device.driver == 'gpu.example.com'");
+    assert_eq!(
+        selector.cel.as_ref().unwrap().expression,
+        "device.driver == 'gpu.example.com'"
+    );
 
     let read = slices.get(&slice_name).await.unwrap();
-    let names: Vec<_> =
-        read.spec.devices.unwrap_or_default().into_iter().map(|d| d.name).collect();
+    let names: Vec<_> = read
+        .spec
+        .devices
+        .unwrap_or_default()
+        .into_iter()
+        .map(|d| d.name)
+        .collect();
     assert_eq!(names, ["gpu-0", "gpu-1"]);
     assert_eq!(read.spec.pool.name, "node-a");
 
     let read = claims.get("single-gpu").await.unwrap();
     let request = &read.spec.unwrap().devices.unwrap().requests.unwrap()[0];
-    assert_eq!(request.exactly.as_ref().unwrap().device_class_name, class_name);
+    assert_eq!(
+        request.exactly.as_ref().unwrap().device_class_name,
+        class_name
+    );
     // The API server defaults allocationMode and count.
-    assert_eq!(request.exactly.as_ref().unwrap().allocation_mode.as_deref(), Some("ExactCount"));
+    assert_eq!(
+        request.exactly.as_ref().unwrap().allocation_mode.as_deref(),
+        Some("ExactCount")
+    );
     assert_eq!(request.exactly.as_ref().unwrap().count, Some(1));
     assert!(read.status.is_none_or(|s| s.allocation.is_none()));
 
-    slices.delete(&slice_name, &DeleteParams::default()).await.unwrap();
-    classes.delete(&class_name, &DeleteParams::default()).await.unwrap();
+    slices
+        .delete(&slice_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    classes
+        .delete(&class_name, &DeleteParams::default())
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -127,9 +159,15 @@ async fn controller_manager_generates_claim_from_template() {
     let templates = ns.api::<ResourceClaimTemplate>();
     let template = ResourceClaimTemplate {
         metadata: meta("one-gpu"),
-        spec: Some(ResourceClaimTemplateSpec { spec: one_device("gpu.example.com"), metadata: None }),
+        spec: Some(ResourceClaimTemplateSpec {
+            spec: Some(one_device("gpu.example.com")),
+            metadata: None,
+        }),
     };
-    templates.create(&PostParams::default(), &template).await.unwrap();
+    templates
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
 
     let pods = ns.api::<Pod>();
     let pod = Pod {
@@ -168,19 +206,30 @@ async fn controller_manager_generates_claim_from_template() {
         status.resource_claim_name
     })
     .await;
-    assert!(generated.starts_with("trainer-gpu-"), "generated claim name {generated}");
+    assert!(
+        generated.starts_with("trainer-gpu-"),
+        "generated claim name {generated}"
+    );
 
     let claim = ns.api::<ResourceClaim>().get(&generated).await.unwrap();
     let owner = &claim.metadata.owner_references.unwrap()[0];
-    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Pod", "trainer"));
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("Pod", "trainer")
+    );
     assert_eq!(owner.controller, Some(true));
     let annotations = claim.metadata.annotations.unwrap_or_default();
     assert_eq!(
-        annotations.get("resource.kubernetes.io/pod-claim-name").map(String::as_str),
+        annotations
+            .get("resource.kubernetes.io/pod-claim-name")
+            .map(String::as_str),
         Some("gpu")
     );
     let request = &claim.spec.unwrap().devices.unwrap().requests.unwrap()[0];
-    assert_eq!(request.exactly.as_ref().unwrap().device_class_name, "gpu.example.com");
+    assert_eq!(
+        request.exactly.as_ref().unwrap().device_class_name,
+        "gpu.example.com"
+    );
 }
 
 #[tokio::test]

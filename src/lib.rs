@@ -1,0 +1,6 @@
+//! The `dra-scheduler` binary's library: `simulate` (manifests in, report out) and the
+//! fleet generator used by the 500-node example and the benchmarks. The decisions
+//! themselves live in `dra-engine`.
+
+pub mod fleet;
+pub mod simulate;
