@@ -403,7 +403,11 @@ impl Container for DomainView<'_> {
 
 impl Sizer for DomainView<'_> {
     fn size(&self) -> CelInt {
-        CelInt::from(self.members().count() as i64)
+        // `x` and `<driver>/x` name the same attribute: count names, not entries.
+        let mut ids: Vec<&str> = self.members().map(|(id, _)| id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        CelInt::from(ids.len() as i64)
     }
 }
 

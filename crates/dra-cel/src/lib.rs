@@ -160,6 +160,7 @@ impl CelError {
 pub struct Selector {
     expression: String,
     program: IdedExpr,
+    depth: usize,
     /// Nodes whose subtree holds a comprehension: see the `eval` module.
     comprehensions: std::collections::HashSet<u64>,
     env: Arc<Env>,
@@ -196,25 +197,16 @@ impl Selector {
 
     /// Evaluate against one device: `Ok(true)` when it selects the device.
     pub fn matches(&self, device: DeviceRef<'_>) -> Result<bool, CelError> {
-        let resolver = DeviceResolver(device::DeviceVal { dev: device });
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
-            let mut ctx = Context::with_env(Arc::clone(&self.env));
-            ctx.set_variable_resolver(&resolver);
-            match eval::Evaluator::new(&self.comprehensions).eval(&self.program, &ctx) {
-                Ok(v) => match v.downcast_ref::<CelBool>() {
-                    Some(b) => Ok(*b.inner()),
-                    None => Err((
-                        CelErrorKind::NotBool,
-                        format!("expression evaluated to {}, not bool", v.get_type().name()),
-                    )),
-                },
-                Err(e) => Err((CelErrorKind::Runtime, runtime_message(&e))),
-            }
-        }));
+        let outcome = if self.depth > SHALLOW_AST_DEPTH {
+            // Deep expressions recurse deeper than a caller's thread may allow.
+            on_big_stack(|| self.evaluate(device)).ok_or(())
+        } else {
+            catch_unwind(AssertUnwindSafe(|| self.evaluate(device))).map_err(|_| ())
+        };
         match outcome {
             Ok(Ok(b)) => Ok(b),
             Ok(Err((kind, message))) => Err(CelError::new(kind, &self.expression, None, message)),
-            Err(_) => Err(CelError::new(
+            Err(()) => Err(CelError::new(
                 CelErrorKind::Runtime,
                 &self.expression,
                 None,
@@ -222,6 +214,35 @@ impl Selector {
             )),
         }
     }
+
+    fn evaluate(&self, device: DeviceRef<'_>) -> Result<bool, (CelErrorKind, String)> {
+        let resolver = DeviceResolver(device::DeviceVal { dev: device });
+        let mut ctx = Context::with_env(Arc::clone(&self.env));
+        ctx.set_variable_resolver(&resolver);
+        match eval::Evaluator::new(&self.comprehensions).eval(&self.program, &ctx) {
+            Ok(v) => match v.downcast_ref::<CelBool>() {
+                Some(b) => Ok(*b.inner()),
+                None => Err((
+                    CelErrorKind::NotBool,
+                    format!("expression evaluated to {}, not bool", v.get_type().name()),
+                )),
+            },
+            Err(e) => Err((CelErrorKind::Runtime, runtime_message(&e))),
+        }
+    }
+}
+
+/// Runs `f` on a thread with [`BIG_STACK`] of stack; `None` if it panicked or could not start.
+fn on_big_stack<T: Send>(f: impl FnOnce() -> T + Send) -> Option<T> {
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("dra-cel".into())
+            .stack_size(BIG_STACK)
+            .spawn_scoped(scope, f)
+            .ok()?
+            .join()
+            .ok()
+    })
 }
 
 fn runtime_message(e: &ExecutionError) -> String {
@@ -229,6 +250,48 @@ fn runtime_message(e: &ExecutionError) -> String {
         ExecutionError::NoSuchKey(k) => format!("no such key: {k}"),
         other => other.to_string(),
     }
+}
+
+/// cel-go's parser recursion limit, which Kubernetes keeps.
+const MAX_NESTING: u16 = 250;
+/// Stack for compiling, and for evaluating deep expressions: enough for [`MAX_NESTING`]
+/// levels in a debug build. Only touched pages are ever committed.
+const BIG_STACK: usize = 256 << 20;
+/// The deepest AST accepted; cel-go stops a little past 250 chained operators.
+const MAX_AST_DEPTH: usize = 256;
+/// Expressions up to this depth are evaluated on the caller's thread (well inside a 2 MiB
+/// stack even in a debug build); deeper ones on a thread with [`BIG_STACK`].
+const SHALLOW_AST_DEPTH: usize = 24;
+
+fn ast_depth(e: &IdedExpr) -> usize {
+    let children: Vec<&IdedExpr> = match &e.expr {
+        Expr::Call(call) => call
+            .target
+            .as_deref()
+            .into_iter()
+            .chain(call.args.iter())
+            .collect(),
+        Expr::Comprehension(c) => vec![
+            &c.iter_range,
+            &c.accu_init,
+            &c.loop_cond,
+            &c.loop_step,
+            &c.result,
+        ],
+        Expr::List(l) => l.elements.iter().collect(),
+        Expr::Map(m) => m
+            .entries
+            .iter()
+            .filter_map(|entry| match &entry.expr {
+                cel::common::ast::EntryExpr::MapEntry(me) => Some([&me.key, &me.value]),
+                _ => None,
+            })
+            .flatten()
+            .collect(),
+        Expr::Select(s) => vec![&s.operand],
+        _ => Vec::new(),
+    };
+    1 + children.into_iter().map(ast_depth).max().unwrap_or(0)
 }
 
 /// How many compiled selectors the cache keeps before it starts over; selectors come from
@@ -287,7 +350,19 @@ impl Environment {
         {
             return Ok(Arc::clone(s));
         }
-        let selector = Arc::new(self.compile_uncached(expression)?);
+        // The generated parser needs a lot of stack for nested expressions (tens of KiB per
+        // level in debug builds), more than a caller's thread may have, and the checks recurse
+        // over the AST: compile on a thread of our own. Compiling is cached, so the thread is
+        // paid once per expression.
+        let compiled = on_big_stack(|| self.compile_uncached(expression)).unwrap_or_else(|| {
+            Err(CelError::new(
+                CelErrorKind::Compile,
+                expression,
+                None,
+                "internal error: compiling panicked".into(),
+            ))
+        });
+        let selector = Arc::new(compiled?);
         let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
         if cache.len() >= CACHE_LIMIT {
             cache.clear();
@@ -298,7 +373,10 @@ impl Environment {
 
     fn compile_uncached(&self, expression: &str) -> Result<Selector, CelError> {
         let parsed = catch_unwind(AssertUnwindSafe(|| {
-            self.env.parser().parse_with_source_info(expression)
+            self.env
+                .parser()
+                .max_recursion_depth(MAX_NESTING)
+                .parse_with_source_info(expression)
         }));
         let (mut program, source_info) = match parsed {
             Ok(Ok(p)) => p,
@@ -323,6 +401,15 @@ impl Environment {
                 ));
             }
         };
+        let depth = ast_depth(&program);
+        if depth > MAX_AST_DEPTH {
+            return Err(CelError::new(
+                CelErrorKind::Compile,
+                expression,
+                None,
+                format!("expression nesting depth {depth} exceeds the limit of {MAX_AST_DEPTH}"),
+            ));
+        }
         let mut checker = check::Checker::new(self.options.list_type_attributes);
         let est = match checker.check(&program) {
             Ok(est) => est,
@@ -346,6 +433,7 @@ impl Environment {
         Ok(Selector {
             expression: expression.to_string(),
             program,
+            depth,
             comprehensions,
             env: Arc::clone(&self.env),
             estimated_cost: est.cost,

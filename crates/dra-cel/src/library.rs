@@ -294,6 +294,23 @@ fn is_sorted<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
 
 fn sum<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
     let list = items(&args[0])?;
+    // Kubernetes declares `sum` for lists of int, uint, double and duration only, and adds
+    // from a zero of that type: a string, or a second numeric type, is no overload.
+    let summable = |v: &dyn Val| {
+        matches!(
+            v.get_type().name(),
+            "int" | "uint" | "double" | "google.protobuf.Duration"
+        )
+    };
+    if let Some(bad) = list
+        .iter()
+        .find(|x| !summable(**x) || x.get_type() != list[0].get_type())
+    {
+        return Err(ExecutionError::no_such_overload(
+            "sum",
+            vec![bad.get_type().name().to_owned()],
+        ));
+    }
     let mut acc: Option<Box<dyn Val + 'v>> = None;
     for x in list {
         acc = Some(match acc {

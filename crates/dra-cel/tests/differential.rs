@@ -242,6 +242,19 @@ fn device(r: &mut Rng) -> Device {
                 ..Default::default()
             },
         };
+        // `x` and `<driver>/x` are the same attribute; with both, Kubernetes picks one at
+        // random (map order), so a device never gets both here.
+        let plain = match name.split_once('/') {
+            Some((d, id)) if d == driver => id.to_string(),
+            Some(_) => String::new(),
+            None => name.clone(),
+        };
+        if !plain.is_empty()
+            && (attributes.contains_key(&plain)
+                || attributes.contains_key(&format!("{driver}/{plain}")))
+        {
+            continue;
+        }
         attributes.insert(name, a);
     }
     for _ in 0..r.below(4) {
@@ -443,12 +456,69 @@ fn bool_expr(r: &mut Rng, depth: u32) -> String {
             r.int()
         ),
         28 => format!("{} / {} == {}", r.int(), r.below(3), r.int()),
-        _ => format!(
+        29 => format!(
             "{}.filter(x, x > {}).map(x, x * 2).size() == {}",
             int_list(r),
             r.below(5),
             r.below(4)
         ),
+        30 => format!("device.attributes.exists(d, {})", pick_domain_pred(r)),
+        31 => format!("device.attributes.all(d, {})", pick_domain_pred(r)),
+        32 => format!(
+            "device.attributes[{:?}].exists(n, n.startsWith({:?}))",
+            r.pick(DOMAINS),
+            r.pick(&["m", "i", "v", ""])
+        ),
+        33 => format!("{}.exists(x, x {} {})", attr(r), cmp(r), literal(r)),
+        34 => format!("{}.includes({})", attr(r), literal(r)),
+        35 => format!(
+            "{}.{}() {} {}",
+            attr(r),
+            r.pick(&["min", "max", "sum"]),
+            cmp(r),
+            r.int()
+        ),
+        36 => format!("{}.size() {} {}", attr(r), cmp(r), r.below(4)),
+        37 => format!("{}.lowerAscii().contains({:?})", attr(r), r.pick(WORDS)),
+        38 => format!(
+            "{:?}.find({:?}) == {:?}",
+            r.pick(WORDS),
+            r.pick(&["[0-9]+", "a", "[A-Z]"]),
+            r.pick(WORDS)
+        ),
+        39 => format!(
+            "{:?}.findAll({:?}).size() == {}",
+            r.pick(WORDS),
+            r.pick(&["[0-9]", "[a-z]+", "."]),
+            r.below(4)
+        ),
+        40 => format!(
+            "{}.map(x, {:?}.format([x])).join(\",\").size() > {}",
+            int_list(r),
+            r.pick(&["%d", "%s", "%x"]),
+            r.below(6)
+        ),
+        41 => format!(
+            "{}.add({}).isGreaterThan(quantity({:?}))",
+            cap(r),
+            r.int(),
+            quantity_string(r)
+        ),
+        42 => format!(
+            "cel.bind(a, device.attributes[{:?}], a.?{}.orValue({}) == {})",
+            r.pick(DOMAINS),
+            r.pick(NAMES),
+            literal(r),
+            literal(r)
+        ),
+        43 => format!(
+            "{}.exists(x, 10 / x {} {})",
+            int_list(r),
+            cmp(r),
+            r.below(5)
+        ),
+        44 => format!("{}.all(x, {} / x > 0)", int_list(r), r.below(20)),
+        _ => format!("{}.isLessThan(semver({:?}))", attr(r), version_string(r)),
     }
 }
 
