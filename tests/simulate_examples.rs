@@ -1,0 +1,390 @@
+//! `dra-scheduler simulate` on every example and on bad input: placements, devices and
+//! messages, read from the JSON report.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dra-scheduler"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("run dra-scheduler")
+}
+
+/// The JSON report of `simulate` on `paths`.
+struct Report(Value);
+
+fn simulate(paths: &[&str]) -> Report {
+    let mut args = vec!["simulate", "--output", "json"];
+    args.extend_from_slice(paths);
+    let out = run(&args);
+    assert!(
+        out.status.success(),
+        "simulate failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Report(serde_json::from_slice(&out.stdout).expect("the report is JSON"))
+}
+
+impl Report {
+    fn pod(&self, name: &str) -> &Value {
+        let (ns, name) = name.split_once('/').unwrap();
+        self.0["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["namespace"] == ns && p["name"] == name)
+            .unwrap_or_else(|| panic!("pod {ns}/{name} is not in the report"))
+    }
+
+    fn node(&self, pod: &str) -> Option<&str> {
+        self.pod(pod)["node"].as_str()
+    }
+
+    fn message(&self, pod: &str) -> &str {
+        self.pod(pod)["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{pod} has no message"))
+    }
+
+    fn claim(&self, name: &str) -> &Value {
+        let (ns, name) = name.split_once('/').unwrap();
+        self.0["claims"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["namespace"] == ns && c["name"] == name)
+            .unwrap_or_else(|| panic!("claim {ns}/{name} is not in the report"))
+    }
+
+    /// `driver/pool/device` of each allocated device, in result order.
+    fn devices(&self, claim: &str) -> Vec<String> {
+        self.claim(claim)["allocation"]["devices"]["results"]
+            .as_array()
+            .map(|results| {
+                results
+                    .iter()
+                    .map(|r| {
+                        format!(
+                            "{}/{}/{}",
+                            r["driver"].as_str().unwrap(),
+                            r["pool"].as_str().unwrap(),
+                            r["device"].as_str().unwrap()
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn result_requests(&self, claim: &str) -> Vec<String> {
+        self.claim(claim)["allocation"]["devices"]["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["request"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    fn reserved_for(&self, claim: &str) -> Vec<String> {
+        self.claim(claim)["reservedFor"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}/{}",
+                    r["resource"].as_str().unwrap(),
+                    r["name"].as_str().unwrap()
+                )
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn first_available_a5000_then_t10() {
+    let r = simulate(&["examples/first-available"]);
+    assert_eq!(r.node("default/inference-0"), Some("gpu-node-1"));
+    assert_eq!(r.node("default/inference-1"), Some("gpu-node-1"));
+    assert_eq!(
+        r.devices("default/inference-0-gpu"),
+        ["gpu.nvidia.com/gpu-node-1/gpu-0"]
+    );
+    assert_eq!(r.result_requests("default/inference-0-gpu"), ["gpu/a5000"]);
+    assert_eq!(
+        r.devices("default/inference-1-gpu"),
+        ["gpu.nvidia.com/gpu-node-1/gpu-1"]
+    );
+    assert_eq!(r.result_requests("default/inference-1-gpu"), ["gpu/t10"]);
+    assert_eq!(
+        r.reserved_for("default/inference-1-gpu"),
+        ["pods/inference-1"]
+    );
+    // The node-local devices pin the claim to the node.
+    let selector = &r.claim("default/inference-0-gpu")["allocation"]["nodeSelector"];
+    assert_eq!(
+        selector["nodeSelectorTerms"][0]["matchFields"][0]["values"][0],
+        "gpu-node-1"
+    );
+}
+
+#[test]
+fn memory_selector_leaves_one_replica_pending_and_says_why() {
+    let r = simulate(&["examples/memory-selector"]);
+    assert_eq!(r.node("default/trainer-0"), Some("gpu-node-1"));
+    assert_eq!(
+        r.devices("default/trainer-0-gpu"),
+        ["gpu.nvidia.com/gpu-node-1/gpu-0"]
+    );
+    assert_eq!(r.node("default/trainer-1"), None);
+    assert_eq!(
+        r.message("default/trainer-1"),
+        "0/1 nodes are available: 1 node: claim default/trainer-1-gpu request gpu (needs 1): \
+         3 in class gpu.nvidia.com, 1 match the selectors, 1 in use, 0 available"
+    );
+    assert!(r.claim("default/trainer-1-gpu")["allocation"].is_null());
+}
+
+#[test]
+fn one_claim_shared_by_four_pods() {
+    let r = simulate(&["examples/shared-claim"]);
+    for i in 0..4 {
+        assert_eq!(r.node(&format!("default/nbody-{i}")), Some("gpu-node-1"));
+    }
+    assert_eq!(
+        r.devices("default/shared-t10"),
+        ["gpu.nvidia.com/gpu-node-1/gpu-1"]
+    );
+    assert_eq!(
+        r.reserved_for("default/shared-t10"),
+        [
+            "pods/nbody-0",
+            "pods/nbody-1",
+            "pods/nbody-2",
+            "pods/nbody-3"
+        ]
+    );
+    // The claim's opaque config travels into the allocation.
+    let config = &r.claim("default/shared-t10")["allocation"]["devices"]["config"][0];
+    assert_eq!(config["source"], "FromClaim");
+    assert_eq!(
+        config["opaque"]["parameters"]["sharing"]["strategy"],
+        "TimeSlicing"
+    );
+}
+
+#[test]
+fn gpus_and_nic_on_the_same_numa_node() {
+    let r = simulate(&["examples/numa-aligned"]);
+    assert_eq!(
+        r.node("default/notebook"),
+        Some("dgx-1"),
+        "existing load stays where it is"
+    );
+    assert_eq!(r.node("default/allreduce-0"), Some("dgx-1"));
+    // NUMA 0 has one free GPU only (gpu-0 is the notebook's), so everything comes from NUMA 1.
+    assert_eq!(
+        r.devices("default/allreduce-0-devices"),
+        [
+            "gpu.nvidia.com/dgx-1/gpu-2",
+            "gpu.nvidia.com/dgx-1/gpu-3",
+            "nic.example.com/dgx-1/nic-1"
+        ]
+    );
+}
+
+#[test]
+fn tainted_gpu_needs_a_toleration() {
+    let r = simulate(&["examples/device-taints"]);
+    assert_eq!(
+        r.devices("default/train-a-gpu"),
+        ["gpu.nvidia.com/gpu-node-1/gpu-1"]
+    );
+    assert_eq!(r.node("default/train-b"), None);
+    assert!(
+        r.message("default/train-b")
+            .contains("1 tainted, 1 in use, 0 available"),
+        "{}",
+        r.message("default/train-b")
+    );
+    assert_eq!(
+        r.devices("default/gpu-diagnostics-gpu"),
+        ["gpu.nvidia.com/gpu-node-1/gpu-0"]
+    );
+    let tolerations = &r.claim("default/gpu-diagnostics-gpu")["allocation"]["devices"]["results"]
+        [0]["tolerations"];
+    assert_eq!(tolerations[0]["key"], "gpu.nvidia.com/xid");
+}
+
+#[test]
+fn device_taint_rule_drains_a_pool() {
+    let r = simulate(&["examples/device-taint-rule"]);
+    assert_eq!(r.node("default/sweep-0"), Some("node-a"));
+    assert_eq!(r.node("default/sweep-1"), Some("node-a"));
+    assert_eq!(r.node("default/sweep-2"), None);
+    let message = r.message("default/sweep-2");
+    assert!(
+        message.starts_with("0/2 nodes are available: "),
+        "{message}"
+    );
+    assert!(message.contains("2 tainted, 0 available"), "{message}");
+    assert!(message.contains("2 in use, 0 available"), "{message}");
+}
+
+#[test]
+fn extended_resource_is_served_by_dra() {
+    let r = simulate(&["examples/extended-resource"]);
+    assert_eq!(
+        r.node("default/legacy-cuda"),
+        Some("gpu-node-1"),
+        "cpu-node-1 has no GPU devices"
+    );
+    assert_eq!(
+        r.devices("default/legacy-cuda-extended-resources"),
+        ["gpu.nvidia.com/gpu-node-1/gpu-0"]
+    );
+    assert_eq!(
+        r.reserved_for("default/legacy-cuda-extended-resources"),
+        ["pods/legacy-cuda"]
+    );
+}
+
+#[test]
+fn mig_instances_exclude_the_whole_gpu() {
+    let r = simulate(&["examples/mig-partitionable"]);
+    assert_eq!(
+        r.devices("default/inference-0-mig"),
+        ["gpu.nvidia.com/a100-node/gpu-0-mig-3g.20gb-0"]
+    );
+    assert_eq!(
+        r.devices("default/inference-1-mig"),
+        ["gpu.nvidia.com/a100-node/gpu-0-mig-3g.20gb-4"]
+    );
+    assert_eq!(r.node("default/full-training"), None);
+    assert!(
+        r.message("default/full-training")
+            .contains("1 blocked by shared counters"),
+        "{}",
+        r.message("default/full-training")
+    );
+}
+
+#[test]
+fn a_generated_fleet_of_500_nodes() {
+    let dir = std::env::temp_dir().join(format!("fleet-500-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = run(&["generate-fleet", "--nodes", "500", "--pods", "200"]);
+    assert!(out.status.success());
+    std::fs::write(dir.join("fleet.yaml"), &out.stdout).unwrap();
+    let r = simulate(&[dir.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let pods = r.0["pods"].as_array().unwrap();
+    assert_eq!(pods.len(), 200);
+    assert!(
+        pods.iter().all(|p| p["node"].is_string()),
+        "500 nodes x 8 GPUs fit 200 pods"
+    );
+    // Every 4-GPU training claim has its GPUs and NIC on one NUMA node of one node.
+    let claims = r.0["claims"].as_array().unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for c in claims {
+        for d in c["allocation"]["devices"]["results"].as_array().unwrap() {
+            let id = format!("{}/{}/{}", d["driver"], d["pool"], d["device"]);
+            assert!(seen.insert(id.clone()), "device {id} allocated twice");
+        }
+    }
+    assert_eq!(seen.len(), 150 + 50 * 5);
+}
+
+#[test]
+fn broken_cel_in_a_class_only_holds_back_its_own_pods() {
+    let r = simulate(&["tests/data/broken-cel"]);
+    let message = r.message("default/victim");
+    assert!(message.contains("broken-gpu"), "{message}");
+    assert!(message.contains("Syntax error"), "{message}");
+    assert_eq!(r.node("default/bystander"), Some("node-a"));
+    assert_eq!(
+        r.devices("default/wants-good"),
+        ["gpu.example.com/node-a/gpu-0"]
+    );
+    assert_eq!(r.node("default/plain"), Some("node-a"));
+    assert_eq!(r.node("default/someone-elses"), None);
+    assert!(
+        r.message("default/someone-elses")
+            .contains("schedulerName is default-scheduler")
+    );
+}
+
+#[test]
+fn all_schedulers_takes_every_pending_pod() {
+    let out = run(&[
+        "simulate",
+        "-o",
+        "json",
+        "--all-schedulers",
+        "tests/data/broken-cel",
+    ]);
+    let r = Report(serde_json::from_slice(&out.stdout).unwrap());
+    assert_eq!(r.node("default/someone-elses"), Some("node-a"));
+}
+
+#[test]
+fn a_typo_is_invalid_input_naming_file_document_object_and_field() {
+    let out = run(&["simulate", "tests/data/typo"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.trim(),
+        "error: tests/data/typo/all.yaml (document 2): ResourceClaimTemplate ml/one-gpu: \
+         unknown field \"spec.spec.devices.requests[0].exactly.cuont\""
+    );
+    assert!(out.stdout.is_empty(), "no report for invalid input");
+}
+
+#[test]
+fn fail_on_pending_exits_2() {
+    assert_eq!(
+        run(&["simulate", "--fail-on-pending", "examples/memory-selector"])
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(
+        run(&["simulate", "--fail-on-pending", "examples/first-available"])
+            .status
+            .code(),
+        Some(0)
+    );
+    assert_eq!(
+        run(&["simulate", "examples/memory-selector"]).status.code(),
+        Some(0)
+    );
+}
+
+#[test]
+fn table_output_reads_in_a_terminal() {
+    let out = run(&["simulate", "examples/memory-selector"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("POD") && lines[0].contains("NODE"),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with("default/trainer-0") && lines[1].contains("gpu-node-1"),
+        "{text}"
+    );
+    assert!(
+        lines[2].starts_with("default/trainer-1") && lines[2].contains("PENDING"),
+        "{text}"
+    );
+    assert!(text.contains("gpu.nvidia.com/gpu-node-1/gpu-0"), "{text}");
+}
