@@ -1,0 +1,69 @@
+//! Times the benchmark scenarios (issue 4, a–e) in this crate and in the reference
+//! (`allocref`), per pod, and prints both with their ratio. Slow (the reference needs
+//! seconds on c and d), so it is ignored by default:
+//! `cargo test --release -p dra-allocator --test reference_times -- --ignored --nocapture`.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dra_allocator::{Allocator, Outcome};
+
+fn our_time(case: &common::Case, runs: u32) -> (Duration, usize) {
+    let snap = case.snapshot();
+    let claims: Vec<_> = case.claims.iter().collect();
+    let mut fits = 0;
+    let mut best = Duration::MAX;
+    for _ in 0..runs {
+        let start = Instant::now();
+        let allocator = Allocator::new(&snap, &claims).unwrap();
+        fits = case
+            .nodes
+            .iter()
+            .filter(|n| matches!(allocator.allocate(n).unwrap(), Outcome::Allocated(_)))
+            .count();
+        best = best.min(start.elapsed());
+    }
+    (best, fits)
+}
+
+#[test]
+#[ignore]
+fn reference_times() {
+    let bin = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/cluster/bin/allocref");
+    assert!(
+        bin.exists(),
+        "build it first: cd tests/cluster && go build -o bin/allocref ./cmd/allocref"
+    );
+    for (name, make) in common::cases::all() {
+        let mut case = make();
+        let (ours, fits) = our_time(&case, 5);
+        case.repeat = Some(if case.nodes.len() > 1000 { 1 } else { 3 });
+        case.timeout_ms = 60_000;
+        let mut child = Command::new(&bin)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        writeln!(
+            child.stdin.take().unwrap(),
+            "{}",
+            serde_json::to_string(&case).unwrap()
+        )
+        .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let micros = answer["micros"].as_f64().unwrap();
+        eprintln!(
+            "{name}: ours {:.3} ms/pod ({fits} nodes fit), reference {:.3} ms/pod ({} fit, timedOut={}), ratio {:.1}x",
+            ours.as_secs_f64() * 1e3,
+            micros / 1e3,
+            answer["fits"],
+            answer["timedOut"].as_bool().unwrap_or(false),
+            micros / 1e6 / ours.as_secs_f64()
+        );
+    }
+}
