@@ -104,6 +104,10 @@ pub(crate) struct NodeRun<'a> {
     results: Vec<Vec<Pick>>,
     chosen: Vec<Option<usize>>,
     memo: HashSet<u128>,
+    /// Search exactly like upstream, without pruning: set when an `All` request is covered
+    /// by a constraint, where upstream reports a constraint clash as an error for the whole
+    /// attempt only if its search reaches it, and pruning could skip that point.
+    faithful: bool,
     steps: u64,
     marks: Vec<u32>,
     epoch: u32,
@@ -258,6 +262,7 @@ impl<'a> NodeRun<'a> {
             results: plan.claims.iter().map(|_| Vec::new()).collect(),
             chosen: vec![None; plan.groups.len()],
             memo: HashSet::new(),
+            faithful: plan.reqs.iter().any(|r| r.all && !r.constraints.is_empty()),
             steps: 0,
             marks: vec![0; ndev],
             epoch: 0,
@@ -556,11 +561,11 @@ impl<'a> NodeRun<'a> {
         if g == self.plan.groups.len() {
             return Ok(true);
         }
-        if !self.bounds_hold(g) {
+        if !self.faithful && !self.bounds_hold(g) {
             return Ok(false);
         }
-        let key = self.memo_key(g);
-        if self.memo.contains(&key) {
+        let key = if self.faithful { 0 } else { self.memo_key(g) };
+        if !self.faithful && self.memo.contains(&key) {
             return Ok(false);
         }
         let plan = self.plan;
@@ -579,7 +584,7 @@ impl<'a> NodeRun<'a> {
                 return Ok(true);
             }
         }
-        if self.memo.len() < MEMO_LIMIT {
+        if !self.faithful && self.memo.len() < MEMO_LIMIT {
             self.memo.insert(key);
         }
         Ok(false)
@@ -615,7 +620,7 @@ impl<'a> NodeRun<'a> {
                 }
             }
         }
-        if have < needed {
+        if have < needed && !self.faithful {
             return Ok(false);
         }
         let mut tried: Vec<u32> = Vec::new();
@@ -638,7 +643,7 @@ impl<'a> NodeRun<'a> {
             }
             let clean = self.clean(d);
             let sym = self.devs[d as usize].sym;
-            if clean {
+            if clean && !self.faithful {
                 if tried.contains(&sym) {
                     continue;
                 }
@@ -647,7 +652,9 @@ impl<'a> NodeRun<'a> {
             let Some(undo) = self.try_add(r, d, false)? else {
                 continue;
             };
-            if self.match_supply_holds(r, slot + 1, i + 1) && self.fill(r, slot + 1, i + 1)? {
+            if (self.faithful || self.match_supply_holds(r, slot + 1, i + 1))
+                && self.fill(r, slot + 1, i + 1)?
+            {
                 return Ok(true);
             }
             self.undo(undo);

@@ -21,7 +21,7 @@ const CASES: u64 = 2000;
 
 #[derive(Deserialize, Debug)]
 #[serde(rename_all = "camelCase")]
-struct RefAnswer {
+pub struct RefAnswer {
     allocated: bool,
     #[serde(default)]
     error: String,
@@ -91,6 +91,7 @@ pub fn reference(cases: &[Case]) -> Vec<RefAnswer> {
 }
 
 #[derive(Debug)]
+#[allow(dead_code)] // the payloads are for the failure report
 enum Ours {
     Allocated(Vec<AllocationResult>),
     Unfit(String),
