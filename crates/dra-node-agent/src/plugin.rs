@@ -326,8 +326,15 @@ pub struct PluginHandle {
 impl PluginHandle {
     pub async fn stop(self) {
         let _ = self.stop.send(true);
-        for t in self.tasks {
-            let _ = t.await;
+        // Graceful shutdown waits for open connections, and kubelet keeps its connection
+        // open: give in-flight calls a moment, then close.
+        for mut t in self.tasks {
+            if tokio::time::timeout(std::time::Duration::from_secs(2), &mut t)
+                .await
+                .is_err()
+            {
+                t.abort();
+            }
         }
         for s in &self.sockets {
             let _ = std::fs::remove_file(s);

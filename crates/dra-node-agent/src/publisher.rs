@@ -60,6 +60,9 @@ pub struct Publisher {
     /// server still holds exactly what it returned, the slice is in sync even if the server
     /// normalised something we sent; this keeps a normalisation from causing a write loop.
     written: HashMap<String, (serde_json::Value, serde_json::Value)>,
+    /// The newest generation this publisher wrote: if every slice was deleted, the pool
+    /// comes back newer than it was, never at a reused generation.
+    last_generation: i64,
 }
 
 /// The health of every published device: a device is unhealthy while its GPU has taints.
@@ -123,6 +126,7 @@ impl Publisher {
             health_flag: None,
             device_health: None,
             written: HashMap::new(),
+            last_generation: 0,
         }
     }
 
@@ -201,7 +205,8 @@ impl Publisher {
             .iter()
             .map(|s| s.spec.pool.generation)
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+            .max(self.last_generation);
 
         let device_count: usize = contents
             .iter()
@@ -309,7 +314,8 @@ impl Publisher {
         }
     }
 
-    fn mark_published(&self, generation: i64) {
+    fn mark_published(&mut self, generation: i64) {
+        self.last_generation = generation;
         if let Some(m) = &self.metrics {
             m.pool_generation.set(generation);
         }

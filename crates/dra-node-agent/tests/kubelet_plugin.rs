@@ -7,6 +7,7 @@ mod common;
 
 use common::*;
 use dra_node_agent::plugin::connect_unix;
+use dra_node_agent::proto::dra_health_v1 as health_pb;
 use dra_node_agent::proto::dra_v1 as v1;
 use dra_node_agent::proto::dra_v1beta1 as v1beta1;
 use dra_node_agent::proto::pluginregistration as reg;
@@ -275,6 +276,32 @@ async fn kubelet_registers_prepares_restarts_and_unprepares() {
     })
     .await;
 
+    // kubelet's health stream reports every published device as healthy.
+    let dra_sock = d.plugin.join("dra.sock");
+    let mut h = health_pb::dra_resource_health_client::DraResourceHealthClient::new(
+        connect_unix(&dra_sock).await.unwrap(),
+    );
+    let mut stream = h
+        .node_watch_resources(health_pb::NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let snapshot = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            let m = stream.message().await.unwrap().expect("stream open");
+            if m.devices.len() == 3 {
+                return m;
+            }
+        }
+    })
+    .await
+    .expect("a health snapshot with 3 devices");
+    let d0 = &snapshot.devices[0];
+    assert_eq!(d0.device.as_ref().unwrap().pool_name, node);
+    assert_eq!(d0.device.as_ref().unwrap().device_name, "gpu-0");
+    assert_eq!(d0.health, health_pb::HealthStatus::Healthy as i32);
+    drop(stream);
+
     let claims: Api<ResourceClaim> = ns.api();
     let ts = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
                     "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}});
@@ -287,7 +314,6 @@ async fn kubelet_registers_prepares_restarts_and_unprepares() {
                      "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long", "priority": 3}}});
     let (bad_uid, _) = claim(&claims, "badconfig", Some((&node, "gpu-0")), Some(bad)).await;
 
-    let dra_sock = d.plugin.join("dra.sock");
     let mut dra =
         v1::dra_plugin_client::DraPluginClient::new(connect_unix(&dra_sock).await.unwrap());
     let all = vec![
