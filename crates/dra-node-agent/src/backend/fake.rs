@@ -261,6 +261,25 @@ mod tests {
     }
 
     #[test]
+    fn profile_health_events_parse() {
+        let p = Profile::parse(
+            "gpus: []\nhealthEvents:\n- {kind: xid, minor: 2, xid: 79}\n- {kind: ecc, minor: 0}\n- {kind: lost, minor: 1}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            p.health_events,
+            vec![
+                HealthEvent::Xid { minor: 2, xid: 79 },
+                HealthEvent::Ecc { minor: 0 },
+                HealthEvent::Lost { minor: 1 }
+            ]
+        );
+        let err = Profile::parse("healthEvents:\n- {kind: xid, minor: 2, xid: 79, when: now}\n")
+            .unwrap_err();
+        assert!(err.contains("when"), "{err}");
+    }
+
+    #[test]
     fn duplicate_minor_is_rejected() {
         let gpu = "- {minor: 0, uuid: a, productName: x, brand: x, architecture: x, cudaComputeCapability: '8.0', driverVersion: '1', cudaDriverVersion: '1', pciBusID: p, memoryBytes: 1}\n";
         let err = Profile::parse(&format!("gpus:\n{gpu}{gpu}")).unwrap_err();

@@ -100,7 +100,9 @@ impl GpuBackend for NvmlBackend {
         let cuda_driver_version = format!("{}.{}", cuda / 1000, (cuda % 1000) / 10);
         let count = n.device_count().map_err(nvml_err("nvmlDeviceGetCount"))?;
         let mut gpus = Vec::new();
-        for i in 0..count {
+        // One GPU that stops answering must not hide the others: it is left out (and so
+        // removed from the pool), with a warning naming it.
+        let one = |i: u32| -> Result<Gpu, BackendError> {
             let d = n
                 .device_by_index(i)
                 .map_err(nvml_err("nvmlDeviceGetHandleByIndex"))?;
@@ -120,7 +122,7 @@ impl GpuBackend for NvmlBackend {
                 Err(NvmlError::NotSupported) => None,
                 Err(e) => return Err(nvml_err("nvmlDeviceGetMigMode")(e)),
             };
-            gpus.push(Gpu {
+            Ok(Gpu {
                 minor: d
                     .minor_number()
                     .map_err(nvml_err("nvmlDeviceGetMinorNumber"))?,
@@ -146,7 +148,13 @@ impl GpuBackend for NvmlBackend {
                     .map_err(nvml_err("nvmlDeviceGetMemoryInfo"))?
                     .total,
                 mig,
-            });
+            })
+        };
+        for i in 0..count {
+            match one(i) {
+                Ok(gpu) => gpus.push(gpu),
+                Err(e) => tracing::warn!(index = i, error = %e, "skipping a GPU NVML cannot read"),
+            }
         }
         gpus.sort_by_key(|g| g.minor);
         Ok(gpus)
