@@ -3,13 +3,13 @@
 //! naming the library when NVML is missing.
 //!
 //! PCIe root and NUMA node come from sysfs (`/sys/bus/pci/devices/<bus id>`), as NVML does
-//! not report them. MIG: the current mode is reported; enumerating GPU-instance profiles
-//! and placements needs NVML calls nvml-wrapper 0.13 does not wrap, so NVML-discovered GPUs
-//! publish no partitions yet (the fake backend does).
+//! not report them. MIG: the current mode is reported; on GPUs with MIG enabled the
+//! GPU-instance profiles and their possible placements are read with the raw NVML calls
+//! (nvml-wrapper 0.13 does not wrap them), so partitions are published as on NVIDIA's driver.
 
 use super::{BackendError, GpuBackend};
 use crate::config::{Sharing, SharingStrategy};
-use crate::device::{Gpu, MigEngines, MigInfo};
+use crate::device::{Gpu, MigEngines, MigInfo, MigProfile};
 use crate::health::HealthEvent;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
@@ -113,8 +113,9 @@ impl GpuBackend for NvmlBackend {
                 .cuda_compute_capability()
                 .map_err(nvml_err("nvmlDeviceGetCudaComputeCapability"))?;
             let mig = match d.mig_mode() {
-                Ok(mode) => Some(MigInfo {
-                    enabled: mode.current == 1,
+                Ok(mode) if mode.current == 1 => Some(mig_profiles(n, &d)),
+                Ok(_) => Some(MigInfo {
+                    enabled: false,
                     memory_slices: 0,
                     engines: MigEngines::default(),
                     profiles: Vec::new(),
@@ -200,6 +201,97 @@ impl GpuBackend for NvmlBackend {
 
     fn reset_sharing(&self, gpu: &Gpu) -> Result<(), BackendError> {
         set_timeslice(gpu, 0)
+    }
+}
+
+/// The GPU-instance profiles of a MIG-enabled GPU with their possible placements. A call
+/// that fails leaves that profile out (logged): the GPU is still published whole.
+fn mig_profiles(nvml: &Nvml, device: &nvml_wrapper::Device<'_>) -> MigInfo {
+    use nvml_wrapper_sys::bindings as sys;
+    let lib = nvml.lib();
+    // SAFETY: the handle belongs to `nvml`, which outlives this call.
+    let handle = unsafe { device.handle() };
+    let mut profiles = Vec::new();
+    let mut engines = MigEngines::default();
+    let mut memory_slices = 0;
+    let (Ok(info_v), Ok(placements_v2)) = (
+        lib.nvmlDeviceGetGpuInstanceProfileInfoV.as_ref(),
+        lib.nvmlDeviceGetGpuInstancePossiblePlacements_v2.as_ref(),
+    ) else {
+        tracing::warn!(
+            "this libnvidia-ml has no GPU-instance profile calls: MIG partitions not published"
+        );
+        return MigInfo {
+            enabled: true,
+            memory_slices: 0,
+            engines,
+            profiles,
+        };
+    };
+    for index in 0..sys::NVML_GPU_INSTANCE_PROFILE_COUNT {
+        // SAFETY: a zeroed plain C struct with its version set, as nvml.h asks.
+        let mut info: sys::nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
+        info.version =
+            (std::mem::size_of::<sys::nvmlGpuInstanceProfileInfo_v2_t>() as u32) | (2 << 24);
+        // SAFETY: valid handle and a pointer to a properly sized, versioned struct.
+        if unsafe { info_v(handle, index, &mut info) } != sys::nvmlReturn_enum_NVML_SUCCESS {
+            continue; // profile not supported on this GPU
+        }
+        let mut count: u32 = 0;
+        // SAFETY: a null array asks for the count only.
+        let rc = unsafe { placements_v2(handle, info.id, std::ptr::null_mut(), &mut count) };
+        if rc != sys::nvmlReturn_enum_NVML_SUCCESS || count == 0 {
+            continue;
+        }
+        let mut raw = vec![sys::nvmlGpuInstancePlacement_t { start: 0, size: 0 }; count as usize];
+        // SAFETY: the array has room for `count` placements.
+        let rc = unsafe { placements_v2(handle, info.id, raw.as_mut_ptr(), &mut count) };
+        if rc != sys::nvmlReturn_enum_NVML_SUCCESS {
+            tracing::warn!(profile_id = info.id, rc, "reading MIG placements failed");
+            continue;
+        }
+        raw.truncate(count as usize);
+        // SAFETY: NVML writes a NUL-terminated name into the fixed array.
+        let name = unsafe { std::ffi::CStr::from_ptr(info.name.as_ptr()) }
+            .to_string_lossy()
+            .trim_start_matches("MIG ")
+            .to_string();
+        let e = MigEngines {
+            multiprocessors: info.multiprocessorCount,
+            copy_engines: info.copyEngineCount,
+            decoders: info.decoderCount,
+            encoders: info.encoderCount,
+            jpeg_engines: info.jpegCount,
+            ofa_engines: info.ofaCount,
+        };
+        // The GPU's shared counters are the most any one partition can use.
+        engines = MigEngines {
+            multiprocessors: engines.multiprocessors.max(e.multiprocessors),
+            copy_engines: engines.copy_engines.max(e.copy_engines),
+            decoders: engines.decoders.max(e.decoders),
+            encoders: engines.encoders.max(e.encoders),
+            jpeg_engines: engines.jpeg_engines.max(e.jpeg_engines),
+            ofa_engines: engines.ofa_engines.max(e.ofa_engines),
+        };
+        memory_slices = raw
+            .iter()
+            .map(|p| p.start + p.size)
+            .fold(memory_slices, u32::max);
+        let size = raw.first().map_or(info.sliceCount, |p| p.size);
+        profiles.push(MigProfile {
+            name,
+            profile_id: info.id,
+            memory_bytes: info.memorySizeMB * 1024 * 1024,
+            memory_slices: size,
+            engines: e,
+            placements: raw.iter().map(|p| p.start).collect(),
+        });
+    }
+    MigInfo {
+        enabled: true,
+        memory_slices,
+        engines,
+        profiles,
     }
 }
 
