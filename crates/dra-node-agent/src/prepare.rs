@@ -210,6 +210,22 @@ impl Preparer {
                 mps_dir: &mps_dir,
             },
         )?;
+        if !self.backend.can_prepare_mig()
+            && let Some(d) = plan.devices.iter().find(|d| {
+                matches!(
+                    crate::device::find_device(&gpus, &d.device_name),
+                    Some(crate::device::DeviceRef::Mig { .. })
+                )
+            })
+        {
+            return Err(format!(
+                "claim {}/{}: device {} is a MIG partition; the {} backend cannot create MIG instances yet",
+                c.namespace,
+                c.name,
+                d.device_name,
+                self.backend.name()
+            ));
+        }
         state.claims.insert(
             c.uid.clone(),
             ClaimEntry {
@@ -515,5 +531,63 @@ mod tests {
         // And the agent works again: prepare re-reads the claim.
         assert!(p.prepare(&[r("u1", "a")]).await["u1"].is_ok());
         assert_eq!(rig.spec_files(), ["u1"]);
+    }
+
+    /// A backend like NVML's: it cannot create MIG instances.
+    struct NoMig(FakeBackend);
+
+    impl GpuBackend for NoMig {
+        fn name(&self) -> &'static str {
+            "nvml"
+        }
+        fn discover(&self) -> Result<Vec<Gpu>, crate::backend::BackendError> {
+            self.0.discover()
+        }
+        fn watch_health(
+            &self,
+            events: tokio::sync::mpsc::UnboundedSender<crate::health::HealthEvent>,
+        ) -> Result<(), crate::backend::BackendError> {
+            self.0.watch_health(events)
+        }
+        fn apply_sharing(
+            &self,
+            gpu: &Gpu,
+            sharing: &crate::config::Sharing,
+        ) -> Result<(), crate::backend::BackendError> {
+            self.0.apply_sharing(gpu, sharing)
+        }
+        fn reset_sharing(&self, gpu: &Gpu) -> Result<(), crate::backend::BackendError> {
+            self.0.reset_sharing(gpu)
+        }
+        fn can_prepare_mig(&self) -> bool {
+            false
+        }
+    }
+
+    #[tokio::test]
+    async fn mig_partition_is_refused_when_the_backend_cannot_create_it() {
+        let rig = Rig::new();
+        let g = gpus("4x-a100-40gb-mig.yaml");
+        *rig.inventory.write().unwrap() = g.clone();
+        rig.add(
+            "mig",
+            claim("u1", "node-a", &[("mig", "gpu-1-mig-3g20gb-9-4")]),
+        );
+        rig.add("whole", claim("u2", "node-a", &[("gpu", "gpu-2")]));
+        let (p, _) = Preparer::open(
+            rig.cfg("b1"),
+            Arc::new(NoMig(rig.backend.clone())),
+            ClaimSource::Static(rig.claims.clone()),
+            rig.inventory.clone(),
+            None,
+        )
+        .unwrap();
+        let out = p.prepare(&[r("u1", "mig"), r("u2", "whole")]).await;
+        assert_eq!(
+            out["u1"].as_ref().unwrap_err(),
+            "claim ns/mig: device gpu-1-mig-3g20gb-9-4 is a MIG partition; the nvml backend cannot create MIG instances yet"
+        );
+        assert!(out["u2"].is_ok());
+        assert_eq!(rig.spec_files(), ["u2"]);
     }
 }

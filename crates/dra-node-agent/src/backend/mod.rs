@@ -40,4 +40,10 @@ pub trait GpuBackend: Send + Sync + 'static {
 
     /// Puts a GPU's sharing settings back to the default.
     fn reset_sharing(&self, gpu: &Gpu) -> Result<(), BackendError>;
+
+    /// Whether preparing a MIG partition is supported (creating its GPU instance). When not,
+    /// claims for partitions fail with a clear error instead of handing out the whole GPU.
+    fn can_prepare_mig(&self) -> bool {
+        true
+    }
 }

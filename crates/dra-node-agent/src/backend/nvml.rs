@@ -202,6 +202,11 @@ impl GpuBackend for NvmlBackend {
     fn reset_sharing(&self, gpu: &Gpu) -> Result<(), BackendError> {
         set_timeslice(gpu, 0)
     }
+
+    /// Creating GPU and compute instances is not implemented yet.
+    fn can_prepare_mig(&self) -> bool {
+        false
+    }
 }
 
 /// The GPU-instance profiles of a MIG-enabled GPU with their possible placements. A call
