@@ -435,6 +435,12 @@ async fn kubelet_registers_prepares_restarts_and_unprepares() {
         metrics.contains("dra_node_agent_prepare_errors_total 4"),
         "{metrics}"
     );
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("dra_node_agent_prepare_duration_seconds_"))
+    {
+        eprintln!("measured: {line}");
+    }
     assert!(
         metrics.contains("dra_node_agent_prepare_duration_seconds_count 8"),
         "{metrics}"
