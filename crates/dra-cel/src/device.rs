@@ -188,10 +188,27 @@ fn key_str<'k>(key: &'k dyn Val) -> Result<&'k str, ExecutionError> {
         })
 }
 
-/// The `device` variable.
-#[derive(Clone, Copy, Debug)]
+/// The `device` variable. Its fields are built once per evaluation, on the stack, and handed
+/// out by reference: reading `device.driver` or `device.attributes` allocates nothing.
+#[derive(Debug)]
 pub(crate) struct DeviceVal<'a> {
     pub dev: DeviceRef<'a>,
+    driver: CelString<'a>,
+    allow_multiple_allocations: CelBool,
+    attributes: DomainsView<'a>,
+    capacity: DomainsView<'a>,
+}
+
+impl<'a> DeviceVal<'a> {
+    pub fn new(dev: DeviceRef<'a>) -> Self {
+        DeviceVal {
+            dev,
+            driver: CelString::from(dev.driver),
+            allow_multiple_allocations: CelBool::from(dev.allow_multiple_allocations),
+            attributes: DomainsView::new(dev, Kind::Attributes),
+            capacity: DomainsView::new(dev, Kind::Capacity),
+        }
+    }
 }
 
 impl<'a> Indexer for DeviceVal<'a> {
@@ -199,14 +216,11 @@ impl<'a> Indexer for DeviceVal<'a> {
     where
         Self: 'w,
     {
-        let dev = self.dev;
         match key_str(idx)? {
-            "driver" => Ok(CowVal::owned(CelString::from(dev.driver))),
-            "allowMultipleAllocations" => {
-                Ok(CowVal::owned(CelBool::from(dev.allow_multiple_allocations)))
-            }
-            "attributes" => Ok(CowVal::owned(DomainsView::new(dev, Kind::Attributes))),
-            "capacity" => Ok(CowVal::owned(DomainsView::new(dev, Kind::Capacity))),
+            "driver" => Ok(CowVal::Borrowed(&self.driver)),
+            "allowMultipleAllocations" => Ok(CowVal::Borrowed(&self.allow_multiple_allocations)),
+            "attributes" => Ok(CowVal::Borrowed(&self.attributes)),
+            "capacity" => Ok(CowVal::Borrowed(&self.capacity)),
             other => Err(ExecutionError::no_such_key(other)),
         }
     }
@@ -236,7 +250,7 @@ impl<'a> Val for DeviceVal<'a> {
     where
         Self: 'w,
     {
-        Box::new(*self)
+        Box::new(DeviceVal::new(self.dev))
     }
 }
 
@@ -246,6 +260,8 @@ struct DomainsView<'a> {
     dev: DeviceRef<'a>,
     kind: Kind,
     full: OnceLock<CelMap<'a>>,
+    /// The driver's own domain, by far the most looked up: built once, then lent.
+    driver_domain: OnceLock<Option<DomainView<'a>>>,
 }
 
 impl<'a> DomainsView<'a> {
@@ -254,6 +270,7 @@ impl<'a> DomainsView<'a> {
             dev,
             kind,
             full: OnceLock::new(),
+            driver_domain: OnceLock::new(),
         }
     }
 
@@ -294,6 +311,19 @@ impl<'a> Indexer for DomainsView<'a> {
         Self: 'w,
     {
         let domain = key_str(idx)?;
+        if domain == self.dev.driver {
+            let view = self.driver_domain.get_or_init(|| {
+                domain_of(self.dev, self.kind, domain).map(|domain| DomainView {
+                    dev: self.dev,
+                    kind: self.kind,
+                    domain,
+                    full: OnceLock::new(),
+                })
+            });
+            if let Some(view) = view {
+                return Ok(CowVal::Borrowed(view));
+            }
+        }
         Ok(match domain_of(self.dev, self.kind, domain) {
             Some(domain) => CowVal::owned(DomainView {
                 dev: self.dev,

@@ -162,7 +162,9 @@ pub struct Selector {
     program: IdedExpr,
     depth: usize,
     /// Nodes whose subtree holds a comprehension: see the `eval` module.
-    comprehensions: std::collections::HashSet<u64>,
+    comprehensions: Vec<bool>,
+    /// By node id: `quantity("…")`/`semver("…")` of a literal, folded at compile time.
+    constants: Vec<Option<Box<dyn cel::common::value::Val>>>,
     env: Arc<Env>,
     estimated_cost: u64,
 }
@@ -216,10 +218,12 @@ impl Selector {
     }
 
     fn evaluate(&self, device: DeviceRef<'_>) -> Result<bool, (CelErrorKind, String)> {
-        let resolver = DeviceResolver(device::DeviceVal { dev: device });
+        let resolver = DeviceResolver(device::DeviceVal::new(device));
         let mut ctx = Context::with_env(Arc::clone(&self.env));
         ctx.set_variable_resolver(&resolver);
-        match eval::Evaluator::new(&self.comprehensions).eval(&self.program, &ctx) {
+        match eval::Evaluator::new(&resolver.0, &self.comprehensions, &self.constants)
+            .eval(&self.program, &ctx)
+        {
             Ok(v) => match v.downcast_ref::<CelBool>() {
                 Some(b) => Ok(*b.inner()),
                 None => Err((
@@ -428,16 +432,57 @@ impl Environment {
             }
         };
         rewrite_equality(&mut program, &checker.k8s_equality);
-        let mut comprehensions = std::collections::HashSet::new();
+        let mut comprehensions = Vec::new();
         eval::comprehension_nodes(&program, &mut comprehensions);
+        let mut constants = Vec::new();
+        fold_constants(&program, &mut constants);
         Ok(Selector {
             expression: expression.to_string(),
             program,
             depth,
             comprehensions,
+            constants,
             env: Arc::clone(&self.env),
             estimated_cost: est.cost,
         })
+    }
+}
+
+fn fold_constants(e: &IdedExpr, out: &mut Vec<Option<Box<dyn cel::common::value::Val>>>) {
+    match &e.expr {
+        Expr::Call(call) => {
+            if let Some(v) = library::fold_constant(call) {
+                let id = e.id as usize;
+                if out.len() <= id {
+                    out.resize_with(id + 1, || None);
+                }
+                out[id] = Some(v);
+            }
+            call.target.iter().for_each(|t| fold_constants(t, out));
+            call.args.iter().for_each(|a| fold_constants(a, out));
+        }
+        Expr::Comprehension(c) => {
+            for x in [
+                &c.iter_range,
+                &c.accu_init,
+                &c.loop_cond,
+                &c.loop_step,
+                &c.result,
+            ] {
+                fold_constants(x, out);
+            }
+        }
+        Expr::List(l) => l.elements.iter().for_each(|x| fold_constants(x, out)),
+        Expr::Map(m) => {
+            for entry in &m.entries {
+                if let cel::common::ast::EntryExpr::MapEntry(me) = &entry.expr {
+                    fold_constants(&me.key, out);
+                    fold_constants(&me.value, out);
+                }
+            }
+        }
+        Expr::Select(s) => fold_constants(&s.operand, out),
+        _ => {}
     }
 }
 

@@ -458,6 +458,62 @@ fn bind_macro() -> Macro {
     })
 }
 
+/// The quantity or version method `name` for a receiver of that type with an argument like
+/// `arg`: the evaluator calls these directly, skipping the interpreter's overload lookup.
+pub(crate) fn kubernetes_member(
+    name: &str,
+    recv: &dyn Val,
+    arg: Option<&dyn Val>,
+) -> Option<cel::common::functions::Function> {
+    let quantity = recv.downcast_ref::<QuantityVal>().is_some();
+    let version = recv.downcast_ref::<SemverVal>().is_some();
+    let same = arg.is_some_and(|a| a.get_type() == recv.get_type());
+    let int_arg = arg.is_some_and(|a| a.downcast_ref::<CelInt>().is_some());
+    Some(match (name, quantity, version, arg.is_some()) {
+        ("compareTo", true, _, _) if same => q_compare_to,
+        ("isGreaterThan", true, _, _) if same => q_greater,
+        ("isLessThan", true, _, _) if same => q_less,
+        ("add", true, _, _) if same => q_add,
+        ("add", true, _, _) if int_arg => q_add_int,
+        ("sub", true, _, _) if same => q_sub,
+        ("sub", true, _, _) if int_arg => q_sub_int,
+        ("asInteger", true, _, false) => q_as_integer,
+        ("isInteger", true, _, false) => q_is_integer,
+        ("asApproximateFloat", true, _, false) => q_float,
+        ("compareTo", _, true, _) if same => v_compare_to,
+        ("isGreaterThan", _, true, _) if same => v_greater,
+        ("isLessThan", _, true, _) if same => v_less,
+        ("major", _, true, false) => v_major,
+        ("minor", _, true, false) => v_minor,
+        ("patch", _, true, false) => v_patch,
+        _ => return None,
+    })
+}
+
+/// `quantity("…")` and `semver("…")` of a valid literal, computed once at compile time.
+pub(crate) fn fold_constant(call: &cel::common::ast::CallExpr) -> Option<Box<dyn Val>> {
+    let [arg] = call.args.as_slice() else {
+        return None;
+    };
+    let Expr::Literal(LiteralValue::String(s)) = &arg.expr else {
+        return None;
+    };
+    if call.target.is_some() {
+        return None;
+    }
+    match call.func_name.as_str() {
+        "quantity" => s
+            .inner()
+            .parse::<Quantity>()
+            .ok()
+            .map(|q| Box::new(QuantityVal(q)) as Box<dyn Val>),
+        "semver" => Version::parse(s.inner())
+            .ok()
+            .map(|v| Box::new(SemverVal(v)) as Box<dyn Val>),
+        _ => None,
+    }
+}
+
 /// Registers everything above on `env`.
 pub(crate) fn register(env: &mut Env) -> Result<(), DeclarationError> {
     let q = || t(&QUANTITY_TYPE);

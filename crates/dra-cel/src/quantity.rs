@@ -440,7 +440,12 @@ impl FromStr for Quantity {
         // Trailing fraction zeros change nothing; dropping them keeps the digits small.
         let denom = denom.trim_end_matches('0');
         let num = num.trim_start_matches('0');
-        let digits = format!("{num}{denom}");
+        // Whole numbers, by far the most common, need no copy.
+        let digits: std::borrow::Cow<'_, str> = if denom.is_empty() {
+            num.into()
+        } else {
+            format!("{num}{denom}").into()
+        };
         let digits = digits.trim_start_matches('0');
         let mut nanos: i128 = if digits.is_empty() {
             0
@@ -518,7 +523,10 @@ fn fast_repr(positive: bool, num: &str, denom: &str, base: u32, exp: i64) -> Rep
     if precision < 0 || scale < -9 {
         return Repr::Dec;
     }
-    let Ok(shifted) = format!("{num}{denom}").parse::<i64>() else {
+    let shifted = num.bytes().chain(denom.bytes()).try_fold(0i64, |acc, c| {
+        acc.checked_mul(10)?.checked_add(i64::from(c - b'0'))
+    });
+    let Some(shifted) = shifted else {
         return Repr::Dec;
     };
     match (shifted.checked_mul(mantissa), i32::try_from(scale)) {
