@@ -194,12 +194,7 @@ async fn discover(opts: Opts) -> anyhow::Result<()> {
         &pool_contents(&gpus, &HealthState::new(opts.ignored_xids.clone())),
         1,
     );
-    for s in slices {
-        let mut v = serde_json::to_value(&s)?;
-        v["apiVersion"] = "resource.k8s.io/v1".into();
-        v["kind"] = "ResourceSlice".into();
-        println!("---\n{}", serde_yaml::to_string(&v)?);
-    }
+    print!("{}", dra_node_agent::slices::to_manifests(&slices));
     Ok(())
 }
 

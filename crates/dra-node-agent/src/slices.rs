@@ -366,6 +366,20 @@ pub fn build_slices(
         .collect()
 }
 
+/// The slices of a pool as YAML manifests (`---` separated, with apiVersion and kind), the
+/// form `dra-node-agent discover` prints and the simulator reads.
+pub fn to_manifests(slices: &[ResourceSlice]) -> String {
+    let mut out = String::new();
+    for s in slices {
+        let mut v = serde_json::to_value(s).expect("slice serialises");
+        v["apiVersion"] = "resource.k8s.io/v1".into();
+        v["kind"] = "ResourceSlice".into();
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&v).expect("slice as YAML"));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -664,5 +678,42 @@ mod tests {
     fn a_node_without_gpus_still_publishes_an_empty_pool() {
         let contents = pool_contents(&[], &HealthState::default());
         assert_eq!(contents, vec![SliceContent::Devices(vec![])]);
+    }
+
+    /// `profiles/slices/<profile>.yaml` hold what each shipped profile publishes, for the
+    /// simulator and examples; they must not drift from the code. `UPDATE_GOLDEN=1`
+    /// rewrites them.
+    #[test]
+    fn shipped_slice_manifests_match_the_profiles() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles");
+        for (profile_name, node) in [
+            ("8x-h100-80gb-2numa-2nic", "h100-node"),
+            ("1x-a5000-2x-t10", "mixed-node"),
+            ("4x-a100-40gb-mig", "a100-node"),
+        ] {
+            let gpus = profile(&format!("{profile_name}.yaml"));
+            let node = NodeRef {
+                name: node.into(),
+                uid: "<node-uid>".into(),
+            };
+            let text = to_manifests(&build_slices(
+                &node,
+                "gpu.nvidia.com",
+                &pool_contents(&gpus, &HealthState::default()),
+                1,
+            ));
+            let path = dir.join("slices").join(format!("{profile_name}.yaml"));
+            if std::env::var_os("UPDATE_GOLDEN").is_some() {
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(&path, &text).unwrap();
+            }
+            let golden = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1)", path.display()));
+            assert!(
+                golden == text,
+                "{} is stale: run with UPDATE_GOLDEN=1",
+                path.display()
+            );
+        }
     }
 }
