@@ -177,7 +177,7 @@ impl<'a> NodeRun<'a> {
             for &entry in &pool.entries {
                 let e = &snap.devices[entry as usize];
                 let (_, device) = snap.device(entry);
-                let usage = snap.usage(&snap.device_id(entry));
+                let usage = snap.entry_usage(entry);
                 let used_capacity = e
                     .capacity
                     .iter()
@@ -188,19 +188,7 @@ impl<'a> NodeRun<'a> {
                             .unwrap_or_default()
                     })
                     .collect();
-                let consumes = e
-                    .counters
-                    .iter()
-                    .flat_map(|(set, cs)| {
-                        cs.iter().map(|(c, q)| {
-                            (
-                                pool.counter_index.get(&(set.clone(), c.clone())).copied(),
-                                *q,
-                            )
-                        })
-                    })
-                    .filter_map(|(i, q)| i.map(|i| (i, q)))
-                    .collect();
+                let consumes = pool.consumes.get(&entry).cloned().unwrap_or_default();
                 let next = syms.len() as u32;
                 let sym = if usage.is_some() {
                     u32::MAX - devs.len() as u32
@@ -441,7 +429,9 @@ impl<'a> NodeRun<'a> {
                     }
                 }
             }
-            if let Some(n) = need {
+            // Only shared devices need the amount later; for the others the static check
+            // above is the whole check.
+            if let Some(n) = need.filter(|_| d.multi) {
                 rr.need.insert(di, n);
             }
             if r.all {
@@ -564,8 +554,10 @@ impl<'a> NodeRun<'a> {
         if !self.faithful && !self.bounds_hold(g) {
             return Ok(false);
         }
-        let key = if self.faithful { 0 } else { self.memo_key(g) };
-        if !self.faithful && self.memo.contains(&key) {
+        // The root is visited once: nothing to remember there.
+        let memoise = !self.faithful && g > 0;
+        let key = if memoise { self.memo_key(g) } else { 0 };
+        if memoise && self.memo.contains(&key) {
             return Ok(false);
         }
         let plan = self.plan;
@@ -584,7 +576,7 @@ impl<'a> NodeRun<'a> {
                 return Ok(true);
             }
         }
-        if !self.faithful && self.memo.len() < MEMO_LIMIT {
+        if memoise && self.memo.len() < MEMO_LIMIT {
             self.memo.insert(key);
         }
         Ok(false)
@@ -1139,7 +1131,7 @@ impl<'a> NodeRun<'a> {
                 q.prioritized_score += 8u32.saturating_sub(self.chosen[g].unwrap_or(0) as u32);
             }
         }
-        let mut numa: BTreeMap<(u32, String), (bool, bool)> = BTreeMap::new();
+        let mut numa: Vec<((u32, AttrValue), (bool, bool))> = Vec::new();
         for (d, dev) in self.devs.iter().enumerate() {
             let before = !dev.taken && !dev.shared;
             let after = before && self.claim_mask[d] == 0 && self.alloc_shares[d] == 0;
@@ -1150,12 +1142,19 @@ impl<'a> NodeRun<'a> {
                 &slice.spec.driver,
                 NUMA_ATTRIBUTE,
             ) {
-                let e = numa.entry((dev.pool, v.describe())).or_insert((true, true));
-                e.0 &= before;
-                e.1 &= after;
+                let key = (dev.pool, v);
+                let i = match numa.iter().position(|(k, _)| *k == key) {
+                    Some(i) => i,
+                    None => {
+                        numa.push((key, (true, true)));
+                        numa.len() - 1
+                    }
+                };
+                numa[i].1.0 &= before;
+                numa[i].1.1 &= after;
             }
         }
-        for (before, after) in numa.values() {
+        for (_, (before, after)) in &numa {
             q.free_numa_domains_after += usize::from(*after);
             q.numa_domains_broken += usize::from(*before && !*after);
         }

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
@@ -129,6 +129,11 @@ pub struct Snapshot {
     shared_slices: Vec<u32>,
     pool_slices: HashMap<(String, String), Vec<u32>>,
     usage: HashMap<DeviceId, Usage>,
+    /// Per device entry, its usage (several entries can share one DeviceId).
+    entry_usage: Vec<Option<Usage>>,
+    id_entries: HashMap<DeviceId, Vec<u32>>,
+    /// Complete pools, built once: (driver, pool) → (generation, #slices, pool).
+    pool_cache: HashMap<(String, String), (i64, usize, Arc<PoolStatic>)>,
     expr_ids: RwLock<HashMap<String, u32>>,
     sel_cache: Vec<RwLock<HashMap<(u32, u32), bool>>>,
 }
@@ -296,11 +301,47 @@ impl Snapshot {
             shared_slices,
             pool_slices,
             usage: HashMap::new(),
+            entry_usage: Vec::new(),
+            id_entries: HashMap::new(),
+            pool_cache: HashMap::new(),
             expr_ids: RwLock::new(HashMap::new()),
             sel_cache: (0..CACHE_SHARDS)
                 .map(|_| RwLock::new(HashMap::new()))
                 .collect(),
         };
+        snapshot.entry_usage = vec![None; snapshot.devices.len()];
+        for entry in 0..snapshot.devices.len() as u32 {
+            let id = snapshot.device_id(entry);
+            snapshot.id_entries.entry(id).or_default().push(entry);
+        }
+        let mut cache = HashMap::new();
+        for ((driver, pool), all) in &snapshot.pool_slices {
+            let newest = all
+                .iter()
+                .map(|&s| snapshot.slices[s as usize].spec.pool.generation)
+                .max();
+            let Some(generation) = newest else { continue };
+            let same: Vec<u32> = all
+                .iter()
+                .copied()
+                .filter(|&s| snapshot.slices[s as usize].spec.pool.generation == generation)
+                .collect();
+            if same.len() as i64
+                != snapshot.slices[same[0] as usize]
+                    .spec
+                    .pool
+                    .resource_slice_count
+            {
+                continue;
+            }
+            let n = same.len();
+            let stat = snapshot.build_static(driver, pool, same, Vec::new());
+            cache.insert(
+                (driver.clone(), pool.clone()),
+                (generation, n, Arc::new(stat)),
+            );
+        }
+        snapshot.pool_cache = cache;
         for a in &allocations {
             snapshot.add_allocation(a);
         }
@@ -356,14 +397,18 @@ impl Snapshot {
             } else {
                 step(&mut usage.exclusive);
             }
-            if usage.is_empty() {
+            let now = (!usage.is_empty()).then(|| usage.clone());
+            if now.is_none() {
                 self.usage.remove(&id);
+            }
+            for &e in self.id_entries.get(&id).into_iter().flatten() {
+                self.entry_usage[e as usize] = now.clone();
             }
         }
     }
 
-    pub(crate) fn usage(&self, id: &DeviceId) -> Option<&Usage> {
-        self.usage.get(id)
+    pub(crate) fn entry_usage(&self, entry: u32) -> Option<&Usage> {
+        self.entry_usage[entry as usize].as_ref()
     }
 
     pub(crate) fn device(&self, entry: u32) -> (&ResourceSlice, &Device) {
@@ -493,7 +538,17 @@ impl Snapshot {
                 }
                 not_targeting = same.into_iter().filter(|s| !slices.contains(s)).collect();
             }
-            let info = self.build_pool(driver, pool, slices, not_targeting);
+            let cached = self
+                .pool_cache
+                .get(&(driver.to_string(), pool.to_string()))
+                .filter(|(g, n, _)| {
+                    *g == generation && *n == slices.len() && not_targeting.is_empty()
+                });
+            let stat = match cached {
+                Some((_, _, s)) => Arc::clone(s),
+                None => Arc::new(self.build_static(driver, pool, slices, not_targeting)),
+            };
+            let info = self.instantiate(stat);
             if info.has_binding_conditions {
                 with_binding.push(info);
             } else {
@@ -504,21 +559,21 @@ impl Snapshot {
         Ok(NodePools { pools })
     }
 
-    fn build_pool(
+    /// The node-independent part of a pool: slices sorted by name, validity, shared
+    /// counters flattened, each device's consumption resolved.
+    fn build_static(
         &self,
         driver: &str,
         pool: &str,
         mut slices: Vec<u32>,
         not_targeting: Vec<u32>,
-    ) -> PoolInfo {
-        let name_of = |s: &u32| {
-            self.slices[*s as usize]
+    ) -> PoolStatic {
+        slices.sort_by(|a, b| {
+            self.slices[*a as usize]
                 .metadata
                 .name
-                .clone()
-                .unwrap_or_default()
-        };
-        slices.sort_by_key(name_of);
+                .cmp(&self.slices[*b as usize].metadata.name)
+        });
         let has_counters = |s: u32| {
             self.features.partitionable_devices
                 && self.slices[s as usize]
@@ -544,7 +599,7 @@ impl Snapshot {
                 other_slices.push(s)
             }
         }
-        let mut info = PoolInfo::broken(driver, pool, PoolState::Usable);
+        let mut info = PoolStatic::new(driver, pool, PoolState::Usable);
         let mut names = std::collections::HashSet::new();
         for &s in &device_slices {
             for d in self.slices[s as usize].spec.devices.iter().flatten() {
@@ -556,6 +611,7 @@ impl Snapshot {
         }
         if self.features.partitionable_devices {
             let mut sets: HashMap<&str, usize> = HashMap::new();
+            let mut index: HashMap<(&str, &str), usize> = HashMap::new();
             for &s in &counter_slices {
                 for set in self.slices[s as usize]
                     .spec
@@ -569,10 +625,9 @@ impl Snapshot {
                         return info;
                     }
                     for (counter, value) in &set.counters {
-                        info.counter_index
-                            .insert((set.name.clone(), counter.clone()), info.available.len());
+                        index.insert((set.name.as_str(), counter.as_str()), info.base.len());
                         info.counter_names.push(format!("{}/{}", set.name, counter));
-                        info.available
+                        info.base
                             .push(Quantity::from_openapi(&value.value).unwrap_or_default());
                     }
                 }
@@ -580,35 +635,24 @@ impl Snapshot {
             for &s in device_slices.iter().chain(other_slices.iter()) {
                 let (a, b) = self.slice_devices[s as usize];
                 for entry in a..b {
+                    let mut flat = Vec::new();
                     for (set, counters) in &self.devices[entry as usize].counters {
                         if !sets.contains_key(set.as_str()) {
                             info.state = PoolState::Invalid(format!("counter set {set} not found"));
                             return info;
                         }
-                        for (c, _) in counters {
-                            if !info.counter_index.contains_key(&(set.clone(), c.clone())) {
+                        for (c, q) in counters {
+                            let Some(&i) = index.get(&(set.as_str(), c.as_str())) else {
                                 info.state = PoolState::Invalid(format!(
                                     "counter {c} not found in counter set {set}"
                                 ));
                                 return info;
-                            }
+                            };
+                            flat.push((i, *q));
                         }
                     }
-                }
-            }
-            // Subtract what allocated devices of this pool consume.
-            for &s in device_slices.iter().chain(other_slices.iter()) {
-                let (a, b) = self.slice_devices[s as usize];
-                for entry in a..b {
-                    let e = &self.devices[entry as usize];
-                    if e.counters.is_empty() || self.usage(&self.device_id(entry)).is_none() {
-                        continue;
-                    }
-                    for (set, counters) in &e.counters {
-                        for (c, q) in counters {
-                            let i = info.counter_index[&(set.clone(), c.clone())];
-                            info.available[i] -= *q;
-                        }
+                    if !flat.is_empty() {
+                        info.consumes.insert(entry, flat);
                     }
                 }
             }
@@ -621,6 +665,21 @@ impl Snapshot {
             info.entries.extend(a..b);
         }
         info
+    }
+
+    /// A pool as seen now: counters minus what allocated devices consume.
+    fn instantiate(&self, s: Arc<PoolStatic>) -> PoolInfo {
+        let mut available = s.base.clone();
+        if !available.is_empty() {
+            for (entry, flat) in &s.consumes {
+                if self.entry_usage[*entry as usize].is_some() {
+                    for (i, q) in flat {
+                        available[*i] -= *q;
+                    }
+                }
+            }
+        }
+        PoolInfo { s, available }
     }
 }
 
@@ -645,38 +704,62 @@ pub(crate) enum PoolState {
     Invalid(String),
 }
 
-/// A pool as one node sees it.
+/// The node-independent part of a pool, shared between nodes.
 #[derive(Debug)]
-pub(crate) struct PoolInfo {
+pub(crate) struct PoolStatic {
     pub driver: String,
     pub pool: String,
     pub state: PoolState,
     /// Device entries of the slices that target the node, in order (slices by name).
     pub entries: Vec<u32>,
     pub has_binding_conditions: bool,
-    /// Shared counters, flattened: (set, counter) → index.
-    pub counter_index: HashMap<(String, String), usize>,
     pub counter_names: Vec<String>,
-    /// Counter values minus what allocated devices consume.
-    pub available: Vec<Quantity>,
+    /// Shared counter values, flattened.
+    pub base: Vec<Quantity>,
+    /// Per device entry (targeting the node or not): (flat counter index, amount).
+    pub consumes: HashMap<u32, Vec<(usize, Quantity)>>,
 }
 
-impl PoolInfo {
-    fn broken(driver: &str, pool: &str, state: PoolState) -> Self {
-        PoolInfo {
+impl PoolStatic {
+    fn new(driver: &str, pool: &str, state: PoolState) -> Self {
+        PoolStatic {
             driver: driver.to_string(),
             pool: pool.to_string(),
             state,
             entries: Vec::new(),
             has_binding_conditions: false,
-            counter_index: HashMap::new(),
             counter_names: Vec::new(),
-            available: Vec::new(),
+            base: Vec::new(),
+            consumes: HashMap::new(),
         }
     }
 
     pub fn id(&self) -> String {
         format!("{}/{}", self.driver, self.pool)
+    }
+}
+
+/// A pool as one node sees it.
+#[derive(Debug)]
+pub(crate) struct PoolInfo {
+    pub s: Arc<PoolStatic>,
+    /// Counter values minus what allocated devices consume.
+    pub available: Vec<Quantity>,
+}
+
+impl std::ops::Deref for PoolInfo {
+    type Target = PoolStatic;
+    fn deref(&self) -> &PoolStatic {
+        &self.s
+    }
+}
+
+impl PoolInfo {
+    fn broken(driver: &str, pool: &str, state: PoolState) -> Self {
+        PoolInfo {
+            s: Arc::new(PoolStatic::new(driver, pool, state)),
+            available: Vec::new(),
+        }
     }
 }
 
