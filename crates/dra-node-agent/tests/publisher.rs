@@ -175,6 +175,15 @@ async fn h100_profile_is_published_read_back_and_kept_true() {
             .is_none()
     );
 
+    // With taints (timeAdded set by us) the pool is stable: several resync ticks later
+    // the generation has not moved.
+    let gen_before = slices(&client, &node).await[0].spec.pool.generation;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        slices(&client, &node).await[0].spec.pool.generation,
+        gen_before
+    );
+
     // A lost GPU is NoExecute.
     backend.inject(HealthEvent::Lost { minor: 0 });
     eventually("gpu-0 to be NoExecute", 30, || async {
