@@ -1,0 +1,123 @@
+//! The binary's behaviour without a cluster: NVML missing is a clear error naming the
+//! library; `discover` prints the fake profile's slices; `prepare-dry-run` prints a plan.
+
+use std::process::Command;
+
+fn agent() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dra-node-agent"))
+}
+
+fn profile(name: &str) -> String {
+    format!("{}/profiles/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn missing_nvml_exits_naming_the_library() {
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        return; // a GPU machine: NVML loads
+    }
+    let out = agent()
+        .args(["--node-name", "n1"])
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("error: libnvidia-ml.so.1 could not be loaded: ")
+            && err.contains("or pass --backend fake --fake-profile FILE"),
+        "{err}"
+    );
+}
+
+#[test]
+fn node_name_is_required_to_run() {
+    let out = agent()
+        .args([
+            "--backend",
+            "fake",
+            "--fake-profile",
+            &profile("1x-a5000-2x-t10.yaml"),
+        ])
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("the node name is required: pass --node-name or set NODE_NAME")
+    );
+}
+
+#[test]
+fn discover_prints_the_shipped_slices() {
+    let out = agent()
+        .args([
+            "--backend",
+            "fake",
+            "--fake-profile",
+            &profile("4x-a100-40gb-mig.yaml"),
+        ])
+        .args(["--node-name", "a100-node", "discover"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let golden = std::fs::read_to_string(profile("slices/4x-a100-40gb-mig.yaml")).unwrap();
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), golden);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("gpu-3: NVIDIA A100-SXM4-40GB") && err.contains("mig=enabled (5 profiles)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn prepare_dry_run_prints_devices_and_cdi_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let claim = dir.path().join("claim.yaml");
+    std::fs::write(
+        &claim,
+        r#"
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: c, namespace: ns, uid: u-1}
+spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}
+status:
+  allocation:
+    devices:
+      results: [{request: gpu, driver: gpu.nvidia.com, pool: n1, device: gpu-5}]
+"#,
+    )
+    .unwrap();
+    let out = agent()
+        .args([
+            "--backend",
+            "fake",
+            "--fake-profile",
+            &profile("8x-h100-80gb-2numa-2nic.yaml"),
+        ])
+        .args(["--cdi-dir", "/cdi", "prepare-dry-run", "--claim"])
+        .arg(&claim)
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["devices"][0]["cdiDeviceIds"][0],
+        "k8s.gpu.nvidia.com/claim=u-1-gpu-5"
+    );
+    assert_eq!(v["cdiSpecFile"], "/cdi/k8s.gpu.nvidia.com_claim_u-1.json");
+    assert_eq!(
+        v["cdiSpec"]["devices"][0]["containerEdits"]["deviceNodes"][0]["path"],
+        "/dev/nvidia5"
+    );
+}
