@@ -239,7 +239,6 @@ struct Var {
 
 pub(crate) struct Checker {
     scope: Vec<Var>,
-    pub list_type_attributes: bool,
     /// `==` calls whose left operand may be a quantity or a version at run time: they
     /// go through `library::EQUALS`, which fails on a type mismatch as cel-go does.
     pub k8s_equality: Vec<u64>,
@@ -253,10 +252,9 @@ fn mul(a: u64, b: u64) -> u64 {
 }
 
 impl Checker {
-    pub fn new(list_type_attributes: bool) -> Self {
+    pub fn new() -> Self {
         Checker {
             scope: Vec::new(),
-            list_type_attributes,
             k8s_equality: Vec::new(),
         }
     }
@@ -919,12 +917,6 @@ impl Checker {
         let Some(kinds) = member_receivers(f) else {
             return reject(id, format!("undeclared reference to '{f}'"));
         };
-        if f == "includes" && !self.list_type_attributes {
-            return reject(
-                id,
-                "undeclared reference to 'includes' (list-type attributes are off)",
-            );
-        }
         let a = self.args(args)?;
         let mut all: Vec<&Ty> = vec![&recv.ty];
         all.extend(a.iter().map(|x| &x.ty));
@@ -1052,10 +1044,10 @@ impl Checker {
 
 /// A literal pattern must compile, as Kubernetes checks while compiling.
 fn check_regex(pattern: &IdedExpr, f: &str) -> Result<(), Reject> {
-    if let Expr::Literal(LiteralValue::String(p)) = &pattern.expr {
-        if regex::Regex::new(p.inner()).is_err() {
-            return reject(pattern.id, format!("invalid {f} argument"));
-        }
+    if let Expr::Literal(LiteralValue::String(p)) = &pattern.expr
+        && regex::Regex::new(p.inner()).is_err()
+    {
+        return reject(pattern.id, format!("invalid {f} argument"));
     }
     Ok(())
 }

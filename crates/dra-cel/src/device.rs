@@ -55,10 +55,11 @@ fn find<'a, T>(
     domain: &str,
     id: &str,
 ) -> Option<&'a T> {
-    if domain == driver && !id.contains('/') {
-        if let Some(v) = map.get(id) {
-            return Some(v);
-        }
+    if domain == driver
+        && !id.contains('/')
+        && let Some(v) = map.get(id)
+    {
+        return Some(v);
     }
     // Keys starting with `domain` are contiguous in the sorted map.
     map.range::<str, _>((Bound::Included(domain), Bound::Unbounded))
@@ -179,7 +180,7 @@ fn convert<'a>(entry: Entry<'a>) -> Result<Box<dyn Val + 'a>, ExecutionError> {
     }
 }
 
-fn key_str<'k>(key: &'k dyn Val) -> Result<&'k str, ExecutionError> {
+fn key_str(key: &dyn Val) -> Result<&str, ExecutionError> {
     key.downcast_ref::<CelString>()
         .map(CelString::inner)
         .ok_or_else(|| ExecutionError::UnexpectedType {

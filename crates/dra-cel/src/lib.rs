@@ -104,6 +104,11 @@ use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceCapacity};
 #[derive(Clone, Debug, Default)]
 pub struct Options {
     /// DRAListTypeAttributes (alpha in 1.37): list-valued attributes and `includes`.
+    ///
+    /// Kept for callers that track the gate, but it changes nothing here: the environment
+    /// Kubernetes 1.37 evaluates stored selectors in has `includes` (lists library v1) and
+    /// reads list-valued attributes whether or not the gate is on; the differential test
+    /// checks both settings against it.
     pub list_type_attributes: bool,
 }
 
@@ -414,7 +419,7 @@ impl Environment {
                 format!("expression nesting depth {depth} exceeds the limit of {MAX_AST_DEPTH}"),
             ));
         }
-        let mut checker = check::Checker::new(self.options.list_type_attributes);
+        let mut checker = check::Checker::new();
         let est = match checker.check(&program) {
             Ok(est) => est,
             Err(reject) => {
@@ -494,11 +499,8 @@ fn rewrite_equality(e: &mut IdedExpr, ids: &[u64]) {
     let id = e.id;
     match &mut e.expr {
         Expr::Call(call) => {
-            if ids.contains(&id) {
-                match call.func_name.as_str() {
-                    "_==_" => call.func_name = library::EQUALS.to_string(),
-                    _ => {}
-                }
+            if ids.contains(&id) && call.func_name == "_==_" {
+                call.func_name = library::EQUALS.to_string();
             }
             if let Some(t) = call.target.as_deref_mut() {
                 rewrite_equality(t, ids);
