@@ -79,6 +79,7 @@ mod attr;
 pub mod build;
 mod capacity;
 mod error;
+mod fxhash;
 mod nodesel;
 mod outcome;
 mod plan;

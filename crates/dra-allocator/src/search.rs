@@ -23,12 +23,12 @@ use k8s_openapi::api::resource::v1::{
 use crate::attr::{AttrValue, ConstraintState, lookup};
 use crate::capacity::consumption;
 use crate::error::AllocError;
+use crate::fxhash::{FxMap, FxSet};
 use crate::outcome::{Allocation, Explanation, Limits, Outcome, Quality, RequestExplanation};
 use crate::plan::{ConstraintKind, MAX_RESULTS_PER_CLAIM, Plan, ReqPlan};
 use crate::quantity::Quantity;
 use crate::snapshot::{PoolInfo, PoolState, Snapshot, device_node_matches};
 
-const NUMA_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
 const MEMO_LIMIT: usize = 1 << 20;
 
 static EMPTY_ATTRS: BTreeMap<String, DeviceAttribute> = BTreeMap::new();
@@ -58,11 +58,11 @@ struct ReqRun {
     /// For All: every matching device, all of which must be allocatable.
     all: Vec<u32>,
     /// Devices in `all` that can never be taken (taint, feature off, broken).
-    blocked: HashSet<u32>,
+    blocked: FxSet<u32>,
     /// Errors found for a device, raised only if the search reaches it (as upstream).
-    errors: HashMap<u32, AllocError>,
+    errors: FxMap<u32, AllocError>,
     /// Capacity consumption per device (aligned with its capacities), for feasible devices.
-    need: HashMap<u32, Vec<Quantity>>,
+    need: FxMap<u32, Vec<Quantity>>,
     /// Whether any candidate may be shared (allowMultipleAllocations): unbounded supply.
     any_multi: bool,
     stats: RequestExplanation,
@@ -103,7 +103,7 @@ pub(crate) struct NodeRun<'a> {
     cstate: Vec<Vec<ConstraintState>>,
     results: Vec<Vec<Pick>>,
     chosen: Vec<Option<usize>>,
-    memo: HashSet<u128>,
+    memo: FxSet<u128>,
     /// Search exactly like upstream, without pruning: set when an `All` request is covered
     /// by a constraint, where upstream reports a constraint clash as an error for the whole
     /// attempt only if its search reaches it, and pruning could skip that point.
@@ -169,7 +169,7 @@ impl<'a> NodeRun<'a> {
         let pools = snap.gather_pools(node)?.pools;
         let features = snap.features();
         let mut devs = Vec::new();
-        let mut syms: HashMap<u128, u32> = HashMap::new();
+        let mut syms: FxMap<u128, u32> = FxMap::default();
         for (pi, pool) in pools.iter().enumerate() {
             if pool.state != PoolState::Usable {
                 continue;
@@ -249,7 +249,7 @@ impl<'a> NodeRun<'a> {
             cstate,
             results: plan.claims.iter().map(|_| Vec::new()).collect(),
             chosen: vec![None; plan.groups.len()],
-            memo: HashSet::new(),
+            memo: FxSet::default(),
             faithful: plan.reqs.iter().any(|r| r.all && !r.constraints.is_empty()),
             steps: 0,
             marks: vec![0; ndev],
@@ -401,11 +401,16 @@ impl<'a> NodeRun<'a> {
                 || (!features.partitionable_devices && !entry.counters.is_empty());
             let mut need = None;
             if features.consumable_capacity {
-                match consumption(
-                    r.capacity.as_deref(),
-                    &entry.capacity,
-                    features.fractional_capacity_range,
-                ) {
+                let computed = match (&r.capacity, &entry.unrequested) {
+                    // Same for every request without capacity stanza: computed once per device.
+                    (None, Ok(n)) => Ok(n.clone()),
+                    _ => consumption(
+                        r.capacity.as_deref(),
+                        &entry.capacity,
+                        features.fractional_capacity_range,
+                    ),
+                };
+                match computed {
                     Ok(Some(n)) => need = Some(n),
                     Ok(None) => {
                         st.capacity_mismatch += 1;
@@ -1131,17 +1136,12 @@ impl<'a> NodeRun<'a> {
                 q.prioritized_score += 8u32.saturating_sub(self.chosen[g].unwrap_or(0) as u32);
             }
         }
-        let mut numa: Vec<((u32, AttrValue), (bool, bool))> = Vec::new();
+        let mut numa: Vec<((u32, &AttrValue), (bool, bool))> = Vec::new();
         for (d, dev) in self.devs.iter().enumerate() {
             let before = !dev.taken && !dev.shared;
             let after = before && self.claim_mask[d] == 0 && self.alloc_shares[d] == 0;
             q.free_devices_after += usize::from(after);
-            let (slice, device) = self.snap.device(dev.entry);
-            if let Some(v) = lookup(
-                device.attributes.as_ref(),
-                &slice.spec.driver,
-                NUMA_ATTRIBUTE,
-            ) {
+            if let Some(v) = &self.snap.devices[dev.entry as usize].numa {
                 let key = (dev.pool, v);
                 let i = match numa.iter().position(|(k, _)| *k == key) {
                     Some(i) => i,

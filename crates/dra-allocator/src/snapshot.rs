@@ -13,6 +13,7 @@ use k8s_openapi::api::resource::v1::{
 };
 
 use crate::error::AllocError;
+use crate::fxhash::FxMap;
 use crate::nodesel::node_matches;
 use crate::quantity::Quantity;
 
@@ -96,7 +97,13 @@ pub(crate) struct DeviceEntry {
     pub counters: Consumption,
     /// Why the device cannot be used at all (e.g. an unparsable quantity).
     pub broken: Option<String>,
+    /// What a request without `capacity` consumes (`Ok(None)`: it does not fit).
+    pub unrequested: Result<Option<Vec<Quantity>>, crate::capacity::CapacityError>,
+    /// `resource.kubernetes.io/numaNode`, for the fragmentation score.
+    pub numa: Option<crate::attr::AttrValue>,
 }
+
+const NUMA_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
 
 /// How much of a device is used by allocated and in-flight claims.
 #[derive(Clone, Debug, Default)]
@@ -135,7 +142,7 @@ pub struct Snapshot {
     /// Complete pools, built once: (driver, pool) → (generation, #slices, pool).
     pool_cache: HashMap<(String, String), (i64, usize, Arc<PoolStatic>)>,
     expr_ids: RwLock<HashMap<String, u32>>,
-    sel_cache: Vec<RwLock<HashMap<(u32, u32), bool>>>,
+    sel_cache: Vec<RwLock<FxMap<(u32, u32), bool>>>,
 }
 
 fn hash_of<T: Hash + ?Sized>(salt: u64, v: &T) -> u64 {
@@ -264,9 +271,18 @@ impl Snapshot {
                         (Ok(c), Ok(k)) => (c, k, None),
                         (Err(e), _) | (_, Err(e)) => (Vec::new(), Vec::new(), Some(e)),
                     };
+                let unrequested = crate::capacity::consumption(
+                    None,
+                    &capacity,
+                    features.fractional_capacity_range,
+                );
+                let numa =
+                    crate::attr::lookup(device.attributes.as_ref(), &spec.driver, NUMA_ATTRIBUTE);
                 devices.push(DeviceEntry {
                     slice: si as u32,
                     index: di as u32,
+                    unrequested,
+                    numa,
                     sig: signature(slice, device, &taints),
                     taints,
                     capacity,
@@ -306,7 +322,7 @@ impl Snapshot {
             pool_cache: HashMap::new(),
             expr_ids: RwLock::new(HashMap::new()),
             sel_cache: (0..CACHE_SHARDS)
-                .map(|_| RwLock::new(HashMap::new()))
+                .map(|_| RwLock::new(FxMap::default()))
                 .collect(),
         };
         snapshot.entry_usage = vec![None; snapshot.devices.len()];
@@ -717,7 +733,7 @@ pub(crate) struct PoolStatic {
     /// Shared counter values, flattened.
     pub base: Vec<Quantity>,
     /// Per device entry (targeting the node or not): (flat counter index, amount).
-    pub consumes: HashMap<u32, Vec<(usize, Quantity)>>,
+    pub consumes: FxMap<u32, Vec<(usize, Quantity)>>,
 }
 
 impl PoolStatic {
@@ -730,7 +746,7 @@ impl PoolStatic {
             has_binding_conditions: false,
             counter_names: Vec::new(),
             base: Vec::new(),
-            consumes: HashMap::new(),
+            consumes: FxMap::default(),
         }
     }
 
