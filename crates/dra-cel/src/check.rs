@@ -201,7 +201,7 @@ fn member_receivers(f: &str) -> Option<&'static [&'static str]> {
         "indexOf" | "lastIndexOf" => &["string", "list"],
         "size" => &["string", "bytes", "list", "map"],
         "join" | "isSorted" | "sum" | "min" | "max" | "slice" | "flatten" | "distinct"
-        | "reverse" | "sort" => &["list"],
+        | "reverse" | "sort" | "first" | "last" => &["list"],
         "compareTo" | "isGreaterThan" | "isLessThan" => &["quantity", "semver"],
         "add" | "sub" | "asInteger" | "isInteger" | "asApproximateFloat" => &["quantity"],
         // The lists extension's expansion of `sortBy`.
@@ -901,6 +901,19 @@ impl Checker {
                 ..x.clone()
             }),
             ("optional.none", []) => Ok(Est::new(Ty::Opt(Box::new(Ty::Dyn)), cost)),
+            ("@mapInsert", [m, ..]) => {
+                let size = add(
+                    m.size,
+                    a.get(2)
+                        .map_or_else(|| a.get(1).map_or(1, |x| x.size), |_| 1),
+                );
+                Ok(Est::sized(
+                    m.ty.clone(),
+                    add(cost, size),
+                    size,
+                    m.inner.max(a.last().map_or(1, |x| x.size)),
+                ))
+            }
             _ if GLOBALS.contains(&f) => overload_error(id, f, &tys),
             _ => reject(id, format!("undeclared reference to '{f}'")),
         }
@@ -976,6 +989,12 @@ impl Checker {
             }
             "indexOf" | "lastIndexOf" => Ok(Est::new(Ty::Int, add(cost, n))),
             "isSorted" => Ok(Est::new(Ty::Bool, add(cost, n))),
+            "first" | "last" => Ok(Est::sized(
+                Ty::Opt(Box::new(recv.ty.elem())),
+                add(cost, 1),
+                recv.inner,
+                recv.inner,
+            )),
             "sum" | "min" | "max" => Ok(Est::sized(
                 recv.ty.elem(),
                 add(cost, n),

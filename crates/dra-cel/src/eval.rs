@@ -14,7 +14,7 @@ use cel::common::ast::LiteralValue;
 use cel::common::ast::{
     CallExpr, EntryExpr, Expr, IdedExpr, ListExpr, MapEntryExpr, MapExpr, SelectExpr,
 };
-use cel::common::types::{CelBool, CelOptional, CelString};
+use cel::common::types::{CelBool, CelInt, CelOptional, CelString};
 use cel::common::value::{CowVal, Val};
 use std::sync::LazyLock;
 
@@ -341,12 +341,38 @@ impl<'s, 'v> Evaluator<'s, 'v> {
                 format!("cannot iterate over {}", range.get_type().name()),
             )
         })?;
+        let is_list = range.get_type().name() == "list";
         let mut items = iterable.iter();
+        let mut position = 0i64;
         while let Some(item) = items.next() {
             let mut child = ctx.new_inner_scope();
-            child.add_variable_as_val(c.iter_var.clone(), item.clone_as_boxed());
             let depth = self.scope.len();
-            self.scope.push((c.iter_var.as_str(), None));
+            match &c.iter_var2 {
+                // Two variables: index and element of a list, key and value of a map.
+                Some(second) => {
+                    let (first, value): (Owned<'v>, Owned<'v>) = if is_list {
+                        (Box::new(CelInt::from(position)), item.clone_as_boxed())
+                    } else {
+                        let value = range
+                            .as_indexer()
+                            .ok_or_else(|| {
+                                ExecutionError::function_error("comprehension", "not a map")
+                            })?
+                            .get(item)?
+                            .into_owned();
+                        (item.clone_as_boxed(), value)
+                    };
+                    position += 1;
+                    child.add_variable_as_val(c.iter_var.clone(), first);
+                    child.add_variable_as_val(second.clone(), value);
+                    self.scope.push((c.iter_var.as_str(), None));
+                    self.scope.push((second.as_str(), None));
+                }
+                None => {
+                    child.add_variable_as_val(c.iter_var.clone(), item.clone_as_boxed());
+                    self.scope.push((c.iter_var.as_str(), None));
+                }
+            }
             self.bind(&mut child, &c.accu_var, &accu);
             let go_on = self.eval(&c.loop_cond, &child).and_then(|v| {
                 v.downcast_ref::<CelBool>()

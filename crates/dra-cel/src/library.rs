@@ -6,8 +6,8 @@ use std::cmp::Ordering;
 
 use cel::common::ast::{ComprehensionExpr, Expr, ListExpr, LiteralValue};
 use cel::common::types::{
-    BOOL_TYPE, CelBool, CelDouble, CelInt, CelList, CelString, DYN_TYPE, INT_TYPE, LIST_TYPE,
-    STRING_TYPE, Type,
+    BOOL_TYPE, CelBool, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelOptional, CelString,
+    DYN_TYPE, INT_TYPE, LIST_TYPE, STRING_TYPE, Type,
 };
 use cel::common::value::{CowVal, Val};
 use cel::parser::Macro;
@@ -425,6 +425,202 @@ fn k8s_equals<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
     ok(CelBool::from(k8s_eq(&args)?))
 }
 
+// ---- lists ext v3: first, last ----
+
+fn first<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let list = items(&args[0])?;
+    ok(match list.first() {
+        Some(x) => CelOptional::of(x.clone_as_boxed()),
+        None => CelOptional::none(),
+    })
+}
+fn last<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let list = items(&args[0])?;
+    ok(match list.last() {
+        Some(x) => CelOptional::of(x.clone_as_boxed()),
+        None => CelOptional::none(),
+    })
+}
+
+// ---- two-variable comprehensions ----
+
+/// What the two-variable macros build their maps with: `@mapInsert(map, key, value)` adds one
+/// entry, `@mapInsert(map, other)` all of `other`'s; a key already there is an error.
+const MAP_INSERT: &str = "@mapInsert";
+
+fn map_entries<'x, 'v>(m: &'x CowVal<'_, 'v>) -> Result<&'x CelMap<'v>, ExecutionError> {
+    m.downcast_ref::<CelMap>()
+        .ok_or_else(|| ExecutionError::UnexpectedType {
+            got: m.get_type().name().to_owned(),
+            want: "map".to_owned(),
+        })
+}
+
+fn insert<'v>(
+    out: &mut std::collections::HashMap<CelMapKey<'v>, Box<dyn Val + 'v>>,
+    key: CelMapKey<'v>,
+    value: Box<dyn Val + 'v>,
+) -> Result<(), ExecutionError> {
+    if out.contains_key(&key) {
+        return Err(ExecutionError::function_error(
+            MAP_INSERT,
+            "insert failed: key already exists",
+        ));
+    }
+    out.insert(key, value);
+    Ok(())
+}
+
+fn map_insert<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let base = map_entries(&args[0])?;
+    let mut out: std::collections::HashMap<CelMapKey<'v>, Box<dyn Val + 'v>> = base
+        .inner()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone_as_boxed()))
+        .collect();
+    let mut args = args.into_iter().skip(1);
+    match (args.next(), args.next()) {
+        (Some(key), Some(value)) => {
+            let key = CelMapKey::try_from(key)
+                .map_err(|_| ExecutionError::function_error(MAP_INSERT, "unsupported map key"))?;
+            insert(&mut out, key, value.into_owned())?;
+        }
+        (Some(entries), None) => {
+            for (k, v) in map_entries(&entries)?.inner() {
+                insert(&mut out, k.clone(), v.clone_as_boxed())?;
+            }
+        }
+        _ => return Err(ExecutionError::invalid_argument_count(3, 1)),
+    }
+    ok(CelMap::from(out))
+}
+
+#[derive(Clone, Copy)]
+enum TwoVar {
+    All,
+    Exists,
+    ExistsOne,
+    TransformList,
+    TransformMap,
+    TransformMapEntry,
+}
+
+/// `range.all(i, v, p)` and friends: comprehensions with two iteration variables (index and
+/// element of a list, key and value of a map), which the evaluator runs.
+fn two_var_macro(name: &'static str, kind: TwoVar, with_filter: bool) -> Macro {
+    Macro::receiver(
+        name,
+        if with_filter { 4 } else { 3 },
+        move |helper, target, args| {
+            let ident =
+                |helper: &mut cel::parser::MacroExprHelper<'_>, e: &cel::IdedExpr| match &e.expr {
+                    Expr::Ident(n) => Ok(n.clone()),
+                    _ => Err(helper.new_error(e.id, "argument must be a simple name")),
+                };
+            let v1 = ident(helper, &args[0])?;
+            let v2 = ident(helper, &args[1])?;
+            let body = args.pop().expect("arguments");
+            let filter = if with_filter { args.pop() } else { None };
+            let accu = "@result".to_string();
+            let next = |helper: &mut cel::parser::MacroExprHelper<'_>, e: Expr| helper.next_expr(e);
+            let call = |helper: &mut cel::parser::MacroExprHelper<'_>,
+                        f: &str,
+                        args: Vec<cel::IdedExpr>| {
+                helper.next_expr(Expr::Call(cel::common::ast::CallExpr {
+                    func_name: f.to_string(),
+                    target: None,
+                    args,
+                }))
+            };
+            let lit_bool = |helper: &mut cel::parser::MacroExprHelper<'_>, b: bool| {
+                helper.next_expr(Expr::Literal(LiteralValue::Boolean(b.into())))
+            };
+            let acc = |helper: &mut cel::parser::MacroExprHelper<'_>| {
+                helper.next_expr(Expr::Ident("@result".to_string()))
+            };
+            let (init, cond, step, result) = match kind {
+                TwoVar::All => {
+                    let init = lit_bool(helper, true);
+                    let a = acc(helper);
+                    let cond = call(helper, "@not_strictly_false", vec![a]);
+                    let a = acc(helper);
+                    let step = call(helper, "_&&_", vec![a, body]);
+                    (init, cond, step, acc(helper))
+                }
+                TwoVar::Exists => {
+                    let init = lit_bool(helper, false);
+                    let a = acc(helper);
+                    let not = call(helper, "!_", vec![a]);
+                    let cond = call(helper, "@not_strictly_false", vec![not]);
+                    let a = acc(helper);
+                    let step = call(helper, "_||_", vec![a, body]);
+                    (init, cond, step, acc(helper))
+                }
+                TwoVar::ExistsOne => {
+                    let init = next(helper, Expr::Literal(LiteralValue::Int(0.into())));
+                    let cond = lit_bool(helper, true);
+                    let a = acc(helper);
+                    let one = next(helper, Expr::Literal(LiteralValue::Int(1.into())));
+                    let plus = call(helper, "_+_", vec![a, one]);
+                    let a = acc(helper);
+                    let step = call(helper, "_?_:_", vec![body, plus, a]);
+                    let a = acc(helper);
+                    let one = next(helper, Expr::Literal(LiteralValue::Int(1.into())));
+                    let result = call(helper, "_==_", vec![a, one]);
+                    (init, cond, step, result)
+                }
+                TwoVar::TransformList | TwoVar::TransformMap | TwoVar::TransformMapEntry => {
+                    let init = match kind {
+                        TwoVar::TransformList => {
+                            next(helper, Expr::List(ListExpr::new(Vec::new())))
+                        }
+                        _ => next(
+                            helper,
+                            Expr::Map(cel::common::ast::MapExpr {
+                                entries: Vec::new(),
+                            }),
+                        ),
+                    };
+                    let cond = lit_bool(helper, true);
+                    let a = acc(helper);
+                    let grown = match kind {
+                        TwoVar::TransformList => {
+                            let one = next(helper, Expr::List(ListExpr::new(vec![body])));
+                            call(helper, "_+_", vec![a, one])
+                        }
+                        TwoVar::TransformMap => {
+                            let key = next(helper, Expr::Ident(v1.clone()));
+                            call(helper, MAP_INSERT, vec![a, key, body])
+                        }
+                        _ => call(helper, MAP_INSERT, vec![a, body]),
+                    };
+                    let step = match filter {
+                        Some(f) => {
+                            let a = acc(helper);
+                            call(helper, "_?_:_", vec![f, grown, a])
+                        }
+                        None => grown,
+                    };
+                    (init, cond, step, acc(helper))
+                }
+            };
+            let range = target.take().expect("receiver macro");
+            Ok(Some(helper.next_expr(Expr::Comprehension(Box::new(
+                ComprehensionExpr {
+                    iter_range: range,
+                    iter_var: v1,
+                    iter_var2: Some(v2),
+                    accu_var: accu,
+                    accu_init: init,
+                    loop_cond: cond,
+                    loop_step: step,
+                    result,
+                },
+            )))))
+        },
+    )
+}
+
 /// `cel.bind(name, init, body)`: `body` with `name` bound to `init`, evaluated once. Expanded,
 /// as cel-go does, into a comprehension over an empty list whose accumulator is the binding.
 fn bind_macro() -> Macro {
@@ -678,5 +874,36 @@ pub(crate) fn register(env: &mut Env) -> Result<(), DeclarationError> {
         k8s_equals,
     )?;
     env.add_macro(bind_macro())?;
+    env.add_member_overload("first", "list_first", l(), vec![], first)?;
+    env.add_member_overload("last", "list_last", l(), vec![], last)?;
+    env.add_overload(
+        MAP_INSERT,
+        "map_insert_key_value",
+        vec![t(&DYN_TYPE), t(&DYN_TYPE), t(&DYN_TYPE)],
+        map_insert,
+    )?;
+    env.add_overload(
+        MAP_INSERT,
+        "map_insert_map",
+        vec![t(&DYN_TYPE), t(&DYN_TYPE)],
+        map_insert,
+    )?;
+    for (name, kind) in [
+        ("all", TwoVar::All),
+        ("exists", TwoVar::Exists),
+        ("existsOne", TwoVar::ExistsOne),
+        ("exists_one", TwoVar::ExistsOne),
+        ("transformList", TwoVar::TransformList),
+        ("transformMap", TwoVar::TransformMap),
+        ("transformMapEntry", TwoVar::TransformMapEntry),
+    ] {
+        env.add_macro(two_var_macro(name, kind, false))?;
+        if matches!(
+            kind,
+            TwoVar::TransformList | TwoVar::TransformMap | TwoVar::TransformMapEntry
+        ) {
+            env.add_macro(two_var_macro(name, kind, true))?;
+        }
+    }
     Ok(())
 }

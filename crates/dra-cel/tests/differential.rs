@@ -336,7 +336,7 @@ fn bool_expr(r: &mut Rng, depth: u32) -> String {
             ),
         };
     }
-    match r.below(46) {
+    match r.below(50) {
         0 => format!("{} {} {}", attr(r), cmp(r), literal(r)),
         1 => format!("has({})", attr(r)),
         2 => format!("device.driver == {:?}", r.pick(DRIVERS)),
@@ -518,7 +518,35 @@ fn bool_expr(r: &mut Rng, depth: u32) -> String {
             r.below(5)
         ),
         44 => format!("{}.all(x, {} / x > 0)", int_list(r), r.below(20)),
-        _ => format!("{}.isLessThan(semver({:?}))", attr(r), version_string(r)),
+        45 => format!("{}.isLessThan(semver({:?}))", attr(r), version_string(r)),
+        46 => format!(
+            "{}.{}(i, v, v {} i + {})",
+            int_list(r),
+            r.pick(&["all", "exists", "existsOne"]),
+            cmp(r),
+            r.below(3)
+        ),
+        47 => format!(
+            "device.attributes[{:?}].{}(k, v, k.startsWith({:?}) || v == {})",
+            r.pick(DOMAINS),
+            r.pick(&["all", "exists"]),
+            r.pick(&["m", "i", ""]),
+            literal(r)
+        ),
+        48 => format!(
+            "{}.transformList(i, v, i * v).sum() {} {}",
+            int_list(r),
+            cmp(r),
+            r.below(20)
+        ),
+        _ => format!(
+            "{}.{}().orValue({}) {} {}",
+            int_list(r),
+            r.pick(&["first", "last"]),
+            r.below(5),
+            cmp(r),
+            r.below(5)
+        ),
     }
 }
 

@@ -366,13 +366,32 @@ c('(' * 260 + 'true' + ')' * 260, want=CE)
 c(' + '.join(['1'] * 250) + ' > 0', want=T)
 c(' + '.join(['1'] * 1000) + ' > 0', want=None)
 c('size(' + '[' * 200 + '1' + ']' * 200 + ') > 0', want=T)
+# two-variable comprehensions, first/last
+c('[1, 2].all(i, v, v > i)', want=T)
+c('[5, 6].exists(i, v, i == 1 && v == 6)', want=T)
+c('[5, 6].existsOne(i, v, v > 4)', want=F)
+c('[5, 6].exists_one(i, v, i == 0)', want=T)
+c('{"a": 1, "b": 2}.all(k, v, v > 0 && k != "")', want=T)
+c('{"a": 1, "b": 2}.exists(k, v, k == "b" && v == 2)', want=T)
+c('[1, 2, 3].transformList(i, v, v * i) == [0, 2, 6]', want=T)
+c('[1, 2, 3].transformList(i, v, i > 0, v) == [2, 3]', want=T)
+c('{"a": 1}.transformMap(k, v, v + 1) == {"a": 2}', want=T)
+c('{"a": 1, "b": 5}.transformMap(k, v, v > 2, k) == {"b": "b"}', want=T)
+c('[10, 20].transformMap(i, v, v / 10) == {0: 1, 1: 2}', want=T)
+c('{"a": 1}.transformMapEntry(k, v, {k + k: v}) == {"aa": 1}', want=T)
+c('[1, 2].transformMapEntry(i, v, {"k": v}) == {"k": 1}', want=RE)
+c('device.attributes.all(d, n, size(n) > 0)', want=T)
+c('device.attributes["gpu.example.com"].exists(k, v, k == "memoryGiB" && v == 80)', want=T)
+c('device.capacity["gpu.example.com"].exists(k, q, q.isGreaterThan(quantity("100Gi")))', want=F)
+c('[0, 1].exists(i, v, 1 / v == 1)', want=T)
+c('[3, 1].first().value() == 3', want=T)
+c('[3, 1].last().value() == 1', want=T)
+c('[].first().hasValue()', want=F)
+c('device.attributes["list.example.com"].ids.first().orValue(0) == 3', "lists", want=T)
 # cost
 c('lists.range(1000).all(i, lists.range(1000).all(j, i + j >= 0))', want=None)
 c('[1, 2, 3].all(x, [1, 2, 3].all(y, x * y > 0))', want=T)
-DIVERGENCES = {
- '[1, 2].all(i, v, v > 0)': 'two-variable comprehensions are not supported: compile error here',
- '{"a": 1}.exists(k, v, v == 1)': 'two-variable comprehensions are not supported: compile error here',
-}
+DIVERGENCES = {}
 dev_in = {"listTypeAttributes": True, "devices": devices, "cases": [{"expr": e, "device": d} for e, d, _ in cases]}
 out = json.loads(subprocess.run([sys.argv[1]], input=json.dumps(dev_in), capture_output=True, text=True, check=True).stdout)
 table = []
