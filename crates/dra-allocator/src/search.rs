@@ -169,7 +169,7 @@ impl<'a> NodeRun<'a> {
         let pools = snap.gather_pools(node)?.pools;
         let features = snap.features();
         let mut devs = Vec::new();
-        let mut syms: FxMap<u128, u32> = FxMap::default();
+        let mut syms: FxMap<u128, u32> = FxMap::with_capacity_and_hasher(16, Default::default());
         for (pi, pool) in pools.iter().enumerate() {
             if pool.state != PoolState::Usable {
                 continue;
@@ -178,16 +178,22 @@ impl<'a> NodeRun<'a> {
                 let e = &snap.devices[entry as usize];
                 let (_, device) = snap.device(entry);
                 let usage = snap.entry_usage(entry);
-                let used_capacity = e
-                    .capacity
-                    .iter()
-                    .map(|c| {
-                        usage
-                            .and_then(|u| u.consumed.get(&c.name))
-                            .copied()
-                            .unwrap_or_default()
-                    })
-                    .collect();
+                let multi =
+                    features.consumable_capacity && device.allow_multiple_allocations == Some(true);
+                // Only shared devices track capacity across allocations.
+                let used_capacity = if !multi {
+                    Vec::new()
+                } else {
+                    e.capacity
+                        .iter()
+                        .map(|c| {
+                            usage
+                                .and_then(|u| u.consumed.get(&c.name))
+                                .copied()
+                                .unwrap_or_default()
+                        })
+                        .collect()
+                };
                 let consumes = pool.consumes.get(&entry).cloned().unwrap_or_default();
                 let next = syms.len() as u32;
                 let sym = if usage.is_some() {
@@ -198,8 +204,7 @@ impl<'a> NodeRun<'a> {
                 devs.push(Dev {
                     entry,
                     pool: pi as u32,
-                    multi: features.consumable_capacity
-                        && device.allow_multiple_allocations == Some(true),
+                    multi,
                     taken: usage.is_some_and(|u| u.exclusive > 0),
                     shared: usage.is_some_and(|u| u.shares > 0 || !u.consumed.is_empty()),
                     used_capacity,
@@ -335,9 +340,6 @@ impl<'a> NodeRun<'a> {
         let features = self.snap.features();
         let mut rr = ReqRun::default();
         let st = &mut rr.stats;
-        st.claim = self.plan.claims[r.claim].display.clone();
-        st.request = r.name.clone();
-        st.class = r.class_name.clone();
         st.needed = (!r.all).then_some(r.count);
         st.on_node = self.devs.len();
         if r.all {
@@ -346,7 +348,7 @@ impl<'a> NodeRun<'a> {
                     PoolState::Usable => {}
                     PoolState::Incomplete => {
                         return Err(AllocError::PoolNotReady {
-                            claim: st.claim.clone(),
+                            claim: self.plan.claims[r.claim].display.clone(),
                             request: r.name.clone(),
                             pool: p.id(),
                             why: "currently being updated",
@@ -354,7 +356,7 @@ impl<'a> NodeRun<'a> {
                     }
                     PoolState::Invalid(_) => {
                         return Err(AllocError::PoolNotReady {
-                            claim: st.claim.clone(),
+                            claim: self.plan.claims[r.claim].display.clone(),
                             request: r.name.clone(),
                             pool: p.id(),
                             why: "currently invalid",
@@ -418,7 +420,7 @@ impl<'a> NodeRun<'a> {
                     }
                     Err(e) => {
                         let err = AllocError::InvalidClaim {
-                            claim: st.claim.clone(),
+                            claim: self.plan.claims[r.claim].display.clone(),
                             message: format!(
                                 "request {}: checking capacity for device {}: {e}",
                                 r.name,
@@ -1188,7 +1190,15 @@ impl<'a> NodeRun<'a> {
             });
             each_alone &= ok;
             for &a in &g.alts {
-                e.requests.push(self.reqs[a].stats.clone());
+                // Names are filled in only here: the per-node hot path counts, it does not
+                // allocate strings.
+                let p = &plan.reqs[a];
+                e.requests.push(RequestExplanation {
+                    claim: plan.claims[p.claim].display.clone(),
+                    request: p.name.clone(),
+                    class: p.class_name.clone(),
+                    ..self.reqs[a].stats.clone()
+                });
             }
         }
         if !each_alone {

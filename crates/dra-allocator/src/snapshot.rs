@@ -134,13 +134,16 @@ pub struct Snapshot {
     pub(crate) slice_devices: Vec<(u32, u32)>,
     node_slices: HashMap<String, Vec<u32>>,
     shared_slices: Vec<u32>,
-    pool_slices: HashMap<(String, String), Vec<u32>>,
+    /// Pools sorted by (driver, pool): the index is the search order rank.
+    pool_keys: Vec<(String, String)>,
+    pool_slices: Vec<Vec<u32>>,
+    slice_pool: Vec<u32>,
     usage: HashMap<DeviceId, Usage>,
     /// Per device entry, its usage (several entries can share one DeviceId).
     entry_usage: Vec<Option<Usage>>,
     id_entries: HashMap<DeviceId, Vec<u32>>,
     /// Complete pools, built once: (driver, pool) → (generation, #slices, pool).
-    pool_cache: HashMap<(String, String), (i64, usize, Arc<PoolStatic>)>,
+    pool_cache: Vec<Option<(i64, usize, Arc<PoolStatic>)>>,
     expr_ids: RwLock<HashMap<String, u32>>,
     sel_cache: Vec<RwLock<FxMap<(u32, u32), bool>>>,
 }
@@ -303,6 +306,20 @@ impl Snapshot {
                 .or_default()
                 .push(si as u32);
         }
+        let mut pool_keys: Vec<(String, String)> = pool_slices.keys().cloned().collect();
+        pool_keys.sort();
+        let mut slice_pool = vec![0u32; slices.len()];
+        let pool_slices: Vec<Vec<u32>> = pool_keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let list = pool_slices.remove(k).unwrap_or_default();
+                for &s in &list {
+                    slice_pool[s as usize] = i as u32;
+                }
+                list
+            })
+            .collect();
         let mut snapshot = Snapshot {
             features,
             env,
@@ -315,11 +332,13 @@ impl Snapshot {
             slice_devices,
             node_slices,
             shared_slices,
+            pool_keys,
             pool_slices,
+            slice_pool,
             usage: HashMap::new(),
             entry_usage: Vec::new(),
             id_entries: HashMap::new(),
-            pool_cache: HashMap::new(),
+            pool_cache: Vec::new(),
             expr_ids: RwLock::new(HashMap::new()),
             sel_cache: (0..CACHE_SHARDS)
                 .map(|_| RwLock::new(FxMap::default()))
@@ -330,8 +349,10 @@ impl Snapshot {
             let id = snapshot.device_id(entry);
             snapshot.id_entries.entry(id).or_default().push(entry);
         }
-        let mut cache = HashMap::new();
-        for ((driver, pool), all) in &snapshot.pool_slices {
+        let mut cache = Vec::new();
+        for (pi, all) in snapshot.pool_slices.iter().enumerate() {
+            let (driver, pool) = &snapshot.pool_keys[pi];
+            cache.push(None);
             let newest = all
                 .iter()
                 .map(|&s| snapshot.slices[s as usize].spec.pool.generation)
@@ -352,10 +373,7 @@ impl Snapshot {
             }
             let n = same.len();
             let stat = snapshot.build_static(driver, pool, same, Vec::new());
-            cache.insert(
-                (driver.clone(), pool.clone()),
-                (generation, n, Arc::new(stat)),
-            );
+            cache[pi] = Some((generation, n, Arc::new(stat)));
         }
         snapshot.pool_cache = cache;
         for a in &allocations {
@@ -475,7 +493,8 @@ impl Snapshot {
     pub(crate) fn gather_pools(&self, node: &Node) -> Result<NodePools, AllocError> {
         let node_name = node.metadata.name.as_deref().unwrap_or_default();
         let features = &self.features;
-        let mut relevant: BTreeMap<(&str, &str), (i64, Vec<u32>)> = BTreeMap::new();
+        // (pool index = search rank, generation, slices); few per node, so a Vec.
+        let mut relevant: Vec<(u32, i64, Vec<u32>)> = Vec::new();
         let local = self
             .node_slices
             .get(node_name)
@@ -516,27 +535,39 @@ impl Snapshot {
             if !is_relevant {
                 continue;
             }
-            let key = (spec.driver.as_str(), spec.pool.name.as_str());
+            let pi = self.slice_pool[si as usize];
             let generation = spec.pool.generation;
-            let e = relevant.entry(key).or_insert((generation, Vec::new()));
-            if generation > e.0 {
-                *e = (generation, Vec::new());
+            let e = match relevant.iter().position(|r| r.0 == pi) {
+                Some(i) => &mut relevant[i],
+                None => {
+                    relevant.push((pi, generation, Vec::new()));
+                    relevant.last_mut().expect("pushed")
+                }
+            };
+            if generation > e.1 {
+                e.1 = generation;
+                e.2.clear();
             }
-            if generation == e.0 {
-                e.1.push(si);
+            if generation == e.1 {
+                e.2.push(si);
             }
         }
 
         let mut pools = Vec::new();
         let mut with_binding = Vec::new();
-        for ((driver, pool), (generation, slices)) in relevant {
+        relevant.sort_unstable_by_key(|r| r.0);
+        for (pi, generation, slices) in relevant {
+            let (driver, pool) = (
+                self.pool_keys[pi as usize].0.as_str(),
+                self.pool_keys[pi as usize].1.as_str(),
+            );
             let count = self.slices[slices[0] as usize]
                 .spec
                 .pool
                 .resource_slice_count;
             let mut not_targeting = Vec::new();
             if slices.len() as i64 != count {
-                let all = &self.pool_slices[&(driver.to_string(), pool.to_string())];
+                let all = &self.pool_slices[pi as usize];
                 if all
                     .iter()
                     .any(|&s| self.slices[s as usize].spec.pool.generation > generation)
@@ -554,12 +585,9 @@ impl Snapshot {
                 }
                 not_targeting = same.into_iter().filter(|s| !slices.contains(s)).collect();
             }
-            let cached = self
-                .pool_cache
-                .get(&(driver.to_string(), pool.to_string()))
-                .filter(|(g, n, _)| {
-                    *g == generation && *n == slices.len() && not_targeting.is_empty()
-                });
+            let cached = self.pool_cache[pi as usize].as_ref().filter(|(g, n, _)| {
+                *g == generation && *n == slices.len() && not_targeting.is_empty()
+            });
             let stat = match cached {
                 Some((_, _, s)) => Arc::clone(s),
                 None => Arc::new(self.build_static(driver, pool, slices, not_targeting)),
