@@ -40,39 +40,65 @@
 //!
 //! # What Kubernetes does, and what this crate does
 //!
-//! * **Compile**: Kubernetes type-checks the expression. The `cel` crate does not, so a pass of
-//!   our own (`check`) infers the static types it can and rejects what cel-go's checker rejects:
-//!   mismatched `==` (`1 == 1.0`), unknown functions and fields, statically non-bool results.
+//! Behaviour is pinned to `k8s.io/dynamic-resource-allocation/cel` v0.37.2 by a differential
+//! test (`tests/differential.rs`) that runs the Go implementation (`tests/cluster/cmd/celcheck`)
+//! and this crate on the same table of expressions (`tests/data/selectors.json`) and on
+//! thousands of generated expression/device pairs.
+//!
+//! * **Compile** (`check` module): Kubernetes type-checks the expression; the `cel` crate does
+//!   not. Our pass infers the static types it can (literals, the `device` fields, library
+//!   results; attribute values are `dyn`, as in Kubernetes) and rejects what cel-go's checker
+//!   rejects: `1 == 1.0`, `'a' == 1`, `quantity(..) < quantity(..)`, `device.foo`, unknown
+//!   functions, invalid literal regexes, statically non-bool results ([`CelErrorKind::NotBool`]).
+//!   Nesting is limited like cel-go's parser (250 levels).
 //! * **Cost**: Kubernetes stops an evaluation after 1,000,000 cost units. We bound cost
-//!   statically instead: `check` estimates the worst case from the AST and the size limits of
-//!   device data and rejects an expression over the limit with [`CelErrorKind::Cost`] before it
-//!   ever runs, so no evaluation can hang. The estimate is conservative: an expression whose
-//!   worst case is over the limit is rejected even if a given device would have been cheap.
-//! * **The `device` variable** is a set of views over the borrowed maps: a lookup converts only
-//!   the attribute it reaches (strings are borrowed). Only iterating a map or comparing a whole
-//!   map with `==` builds a `cel` map of it, for that evaluation.
-//! * **Panics**: none are expected on any input; as a last line of defence, evaluation runs
-//!   inside `catch_unwind` and a panic in the interpreter becomes a runtime error.
+//!   statically: the checker estimates the worst case from the AST and Kubernetes' limits on
+//!   device data (32 attributes, 64-character values, 48 list values), and rejects an
+//!   expression over [`MAX_COST`] with [`CelErrorKind::Cost`] before it ever runs, so an
+//!   evaluation cannot hang. The bound is conservative: an expression whose worst case exceeds
+//!   it is rejected even where Kubernetes would finish a cheap device. `lists.range(n)` needs a
+//!   literal `n`, since a data-dependent size cannot be bounded.
+//! * **Errors are values** (`eval` module): in cel-go `cel.bind(b, 1/0 == 1, b || true)` and
+//!   `[0, 1].exists(x, 1 / x == 1)` are true, because `&&`/`||` and comprehensions carry an
+//!   error until something decides. The `cel` crate stops at the first error, so our evaluator
+//!   runs control flow (`&&`, `||`, `!`, `?:`, comprehensions, hence every macro and
+//!   `cel.bind`) itself and hands the rest to the interpreter.
+//! * **Equality**: `quantity == x` and `semver == x` with `x` of another type are errors in
+//!   Kubernetes, not `false`; such `==` calls are routed to a typed equality at compile time.
+//! * **The `device` variable** is a set of views over the borrowed maps, built on the stack for
+//!   each evaluation: `device.attributes["d"].x` converts only the attribute it reaches, and
+//!   strings are borrowed, not copied. Only iterating a map or comparing a whole map with `==`
+//!   builds a `cel` map of that map, for that evaluation. Unqualified names belong to the
+//!   driver's domain; an unknown domain is an empty map; a missing name is "no such key".
+//! * **Compile once**: [`Environment::compile`] caches by expression text; `quantity("…")` and
+//!   `semver("…")` of literals are computed at compile time.
+//! * **Quantities** are exact ([`Quantity`], nano-units in an `i128`); `isInteger`/`asInteger`
+//!   answer as Kubernetes does, from how the value was written (`quantity("1000m")` is not an
+//!   integer there either).
+//! * **Panics**: none are expected on any input (a proptest fuzzes this). Compiling, and
+//!   evaluating very deep expressions, run on a thread with a large stack, so nesting cannot
+//!   overflow the caller's; as a last line of defence a panic becomes an error.
 //!
 //! # Functions
 //!
 //! | library | functions | here |
 //! |---|---|---|
-//! | CEL standard | operators, `size`, `contains`, `startsWith`, `endsWith`, `matches`, conversions, `has`, `all`, `exists`, `exists_one`, `map`, `filter` | yes (`cel` crate) |
+//! | CEL standard | operators, `size`, `contains`, `startsWith`, `endsWith`, `matches`, conversions, `type`, `dyn`, `has`, `all`, `exists`, `exists_one`, `map`, `filter` | yes (`cel` crate) |
 //! | cross-type numeric comparisons | `1 < 1.5`, `dyn(1) == 1.0` | yes |
 //! | optional types | `.?f`, `[?k]`, `optional.of/none/ofNonZeroValue`, `hasValue`, `value`, `orValue`, `or` | yes (`cel` crate) |
-//! | optional types | `optMap`, `optFlatMap` | no |
-//! | Kubernetes quantity | `quantity`, `isQuantity`, `compareTo`, `isGreaterThan`, `isLessThan`, `add`, `sub`, `asInteger`, `isInteger`, `asApproximateFloat`, `sign` | yes (ours, exact) |
-//! | Kubernetes semver | `semver` (1 and 2 args), `isSemver`, `compareTo`, `isGreaterThan`, `isLessThan`, `major`, `minor`, `patch` | yes (ours) |
+//! | optional types | `optMap`, `optFlatMap`, `orValue` type checks on optionals | no |
+//! | Kubernetes quantity | `quantity`, `isQuantity`, `compareTo`, `isGreaterThan`, `isLessThan`, `add`, `sub`, `asInteger`, `isInteger`, `asApproximateFloat`, `sign(q)` | yes (ours, exact) |
+//! | Kubernetes semver | `semver` (1 and 2 arguments), `isSemver` (1 and 2), `compareTo`, `isGreaterThan`, `isLessThan`, `major`, `minor`, `patch` | yes (ours, blang/semver rules) |
 //! | strings ext v2 | `charAt`, `indexOf`, `lastIndexOf`, `lowerAscii`, `upperAscii`, `replace`, `split`, `substring`, `trim`, `join`, `strings.quote`, `format` | yes (`cel` crate) |
-//! | Kubernetes regex | `find`, `findAll` | yes (ours; Rust `regex`, RE2 syntax like Go's) |
-//! | Kubernetes lists | `isSorted`, `sum`, `min`, `max`, `indexOf`, `lastIndexOf`, `includes` (with list-type attributes on) | yes (ours) |
-//! | lists ext v3 | `slice`, `flatten`, `distinct`, `reverse`, `sort`, `sortBy`, `lists.range` (literal argument only) | yes (`cel` crate) |
-//! | lists ext v3 | `first`, `last` | no |
+//! | Kubernetes regex | `find`, `findAll` (1 and 2 arguments) | yes (ours; Rust `regex`, RE2 syntax as Go's) |
+//! | Kubernetes lists v1 | `isSorted`, `sum`, `min`, `max`, `indexOf`, `lastIndexOf`, `includes` | yes (ours) |
+//! | lists ext v3 | `slice`, `flatten`, `distinct`, `reverse`, `sort`, `sortBy`, `lists.range` | yes (`cel` crate) |
+//! | lists ext v3 | `first`, `last` | yes (ours) |
 //! | sets ext | `sets.contains`, `sets.intersects`, `sets.equivalent` | yes (ours) |
 //! | bindings | `cel.bind` | yes (ours, macro) |
-//! | two-variable comprehensions | `all(i, v, …)`, `exists(i, v, …)`, `transformList`, `transformMap`, … | no |
-//! | Kubernetes URLs, IP, CIDR, format, authz | `url`, `ip`, `cidr`, `format.named`, … | no |
+//! | two-variable comprehensions | `all(i, v, …)`, `exists`, `existsOne`, `transformList`, `transformMap`, `transformMapEntry` | yes (ours, macros + evaluator) |
+//! | Kubernetes URLs, IP, CIDR, format, authz | `url`, `isURL`, `ip`, `isIP`, `cidr`, `isCIDR`, `format.named`, `format.dns1123Label`, … | no |
+//! | timestamps, durations | `timestamp`, `duration`, `getHours`, … | `cel` crate, not differentially tested |
 //!
 //! A function marked "no" is a compile error here ("undeclared reference"), never a silent
 //! wrong answer.
@@ -241,17 +267,22 @@ impl Selector {
     }
 }
 
-/// Runs `f` on a thread with [`BIG_STACK`] of stack; `None` if it panicked or could not start.
+/// Runs `f` on a thread with [`BIG_STACK`] of stack; `None` if it panicked. Where no thread
+/// can be started (a restricted sandbox), `f` runs on the caller's thread instead.
 fn on_big_stack<T: Send>(f: impl FnOnce() -> T + Send) -> Option<T> {
-    std::thread::scope(|scope| {
-        std::thread::Builder::new()
+    let f = std::sync::Mutex::new(Some(f));
+    let take = || f.lock().ok().and_then(|mut f| f.take());
+    let spawned = std::thread::scope(|scope| {
+        let handle = std::thread::Builder::new()
             .name("dra-cel".into())
             .stack_size(BIG_STACK)
-            .spawn_scoped(scope, f)
-            .ok()?
-            .join()
-            .ok()
-    })
+            .spawn_scoped(scope, || take().map(|f| f()));
+        handle.ok().map(|h| h.join().ok().flatten())
+    });
+    match spawned {
+        Some(result) => result,
+        None => take().and_then(|f| catch_unwind(AssertUnwindSafe(f)).ok()),
+    }
 }
 
 fn runtime_message(e: &ExecutionError) -> String {
