@@ -149,6 +149,12 @@ impl<'s, 'v> Evaluator<'s, 'v> {
         }
     }
 
+    fn is_namespace(&self, e: &IdedExpr) -> bool {
+        matches!(&e.expr, Expr::Ident(n)
+            if matches!(n.as_str(), "optional" | "sets" | "lists" | "strings")
+                && !self.scope.iter().any(|(bound, _)| bound == n))
+    }
+
     fn holds_comprehension(&self, e: &IdedExpr) -> bool {
         self.comprehensions
             .get(e.id as usize)
@@ -507,6 +513,8 @@ impl<'s, 'v> Evaluator<'s, 'v> {
         let node = match &e.expr {
             Expr::Call(call) => {
                 let target = match &call.target {
+                    // `optional.of(…)`, `sets.contains(…)`: a namespace, not a value.
+                    Some(t) if self.is_namespace(t) => Some(t.clone()),
                     Some(t) => Some(Box::new(hole(self, t, &mut child)?)),
                     None => None,
                 };

@@ -86,7 +86,7 @@
 //! | CEL standard | operators, `size`, `contains`, `startsWith`, `endsWith`, `matches`, conversions, `type`, `dyn`, `has`, `all`, `exists`, `exists_one`, `map`, `filter` | yes (`cel` crate) |
 //! | cross-type numeric comparisons | `1 < 1.5`, `dyn(1) == 1.0` | yes |
 //! | optional types | `.?f`, `[?k]`, `optional.of/none/ofNonZeroValue`, `hasValue`, `value`, `orValue`, `or` | yes (`cel` crate) |
-//! | optional types | `optMap`, `optFlatMap`, `orValue` type checks on optionals | no |
+//! | optional types | `optMap`, `optFlatMap` | yes (`cel` crate macros) |
 //! | Kubernetes quantity | `quantity`, `isQuantity`, `compareTo`, `isGreaterThan`, `isLessThan`, `add`, `sub`, `asInteger`, `isInteger`, `asApproximateFloat`, `sign(q)` | yes (ours, exact) |
 //! | Kubernetes semver | `semver` (1 and 2 arguments), `isSemver` (1 and 2), `compareTo`, `isGreaterThan`, `isLessThan`, `major`, `minor`, `patch` | yes (ours, blang/semver rules) |
 //! | strings ext v2 | `charAt`, `indexOf`, `lastIndexOf`, `lowerAscii`, `upperAscii`, `replace`, `split`, `substring`, `trim`, `join`, `strings.quote`, `format` | yes (`cel` crate) |

@@ -442,9 +442,10 @@ fn bool_expr(r: &mut Rng, depth: u32) -> String {
             r.below(10)
         ),
         26 => format!(
-            "sets.{}({}, {})",
+            "sets.{}({}.map(x, x + {}), {})",
             r.pick(&["contains", "intersects", "equivalent"]),
             int_list(r),
+            r.below(3),
             int_list(r)
         ),
         27 => format!(

@@ -366,6 +366,18 @@ c('(' * 260 + 'true' + ')' * 260, want=CE)
 c(' + '.join(['1'] * 250) + ' > 0', want=T)
 c(' + '.join(['1'] * 1000) + ' > 0', want=None)
 c('size(' + '[' * 200 + '1' + ']' * 200 + ') > 0', want=T)
+# namespaced functions applied to comprehension results
+c('sets.contains([1, 2].map(x, x * 2), [4])', want=T)
+c('optional.of([1, 2].filter(x, x > 1)).value() == [2]', want=T)
+c('strings.quote(["a"].map(x, x + "b")[0]) == "\\"ab\\""', want=T)
+# optMap / optFlatMap
+c('optional.of(2).optMap(x, x * 2).value() == 4', want=T)
+c('optional.none().optMap(x, x * 2).hasValue()', want=F)
+c('optional.of(2).optFlatMap(x, optional.of(x + 1)).value() == 3', want=T)
+c('optional.of(2).optFlatMap(x, optional.none()).hasValue()', want=F)
+c(f'{G}.?memoryGiB.optMap(m, m >= 80).orValue(false)', want=T)
+c(f'{G}.?nope.optMap(m, m >= 80).orValue(false)', want=F)
+c('{"a": 1}.?b.optFlatMap(x, optional.of(x)).hasValue()', want=F)
 # two-variable comprehensions, first/last
 c('[1, 2].all(i, v, v > i)', want=T)
 c('[5, 6].exists(i, v, i == 1 && v == 6)', want=T)
