@@ -42,7 +42,8 @@ fn reference_times() {
         let mut case = make();
         let (ours, fits) = our_time(&case, 5);
         case.repeat = Some(if case.nodes.len() > 1000 { 1 } else { 3 });
-        case.timeout_ms = 60_000;
+        // The scheduler gives a node 10 s (DRASchedulerFilterTimeout).
+        case.timeout_ms = 10_000;
         let mut child = Command::new(&bin)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
