@@ -8,6 +8,10 @@
 //! Kubernetes' rules, kept here: an attribute or capacity name without a domain belongs to the
 //! driver's domain; indexing an unknown domain gives an empty map; a missing name inside a
 //! domain is a "no such key" error (which `has()` and `.?name` turn into false / none).
+//!
+//! A device that has both `x` and `<driver>/x` names one attribute twice; Kubernetes keeps
+//! whichever its map iteration meets last (at random), here the unqualified one wins, and
+//! sizes count the name once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
