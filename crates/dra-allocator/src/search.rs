@@ -1138,7 +1138,9 @@ impl<'a> NodeRun<'a> {
                 q.prioritized_score += 8u32.saturating_sub(self.chosen[g].unwrap_or(0) as u32);
             }
         }
-        let mut numa: Vec<((u32, &AttrValue), (bool, bool))> = Vec::new();
+        // ((pool, NUMA value), (all free before, all free after)).
+        type Domain<'v> = ((u32, &'v AttrValue), (bool, bool));
+        let mut numa: Vec<Domain<'_>> = Vec::new();
         for (d, dev) in self.devs.iter().enumerate() {
             let before = !dev.taken && !dev.shared;
             let after = before && self.claim_mask[d] == 0 && self.alloc_shares[d] == 0;

@@ -135,24 +135,24 @@ fn agrees_with_the_reference_on_2000_random_snapshots() {
             eprintln!("case {i}: the reference timed out; we answered {o:?} in {took:?}");
             continue;
         }
-        if r.allocated {
-            if let Err(e) = check(case, &r.results) {
-                invalid.push(format!(
-                    "case {i}: the reference's answer breaks a rule: {e}"
-                ));
-            }
+        if r.allocated
+            && let Err(e) = check(case, &r.results)
+        {
+            invalid.push(format!(
+                "case {i}: the reference's answer breaks a rule: {e}"
+            ));
         }
-        if let Ours::Allocated(res) = &o {
-            if let Err(e) = check(case, res) {
-                invalid.push(format!("case {i}: our answer breaks a rule: {e}"));
-            }
+        if let Ours::Allocated(res) = &o
+            && let Err(e) = check(case, res)
+        {
+            invalid.push(format!("case {i}: our answer breaks a rule: {e}"));
         }
         match (&o, r.allocated) {
             (Ours::Allocated(_), true) => both_yes += 1,
             (Ours::Unfit(_), false) | (Ours::Error(_), false) => {
                 both_no += 1;
                 let we_error = matches!(o, Ours::Error(_));
-                if we_error != !r.error.is_empty() && !r.error.contains("invalid resource pools") {
+                if we_error == r.error.is_empty() && !r.error.contains("invalid resource pools") {
                     error_kind_differs += 1;
                     eprintln!(
                         "case {i}: both say no; ours: {o:?}; reference: {:?}",

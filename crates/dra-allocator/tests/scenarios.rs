@@ -66,7 +66,7 @@ fn n1() -> Node {
 }
 
 fn try_run(snap: &Snapshot, claims: &[ClaimBuilder], node: &Node) -> Result<Outcome, AllocError> {
-    let claims: Vec<ResourceClaim> = claims.iter().map(|c| clone_claim(c)).collect();
+    let claims: Vec<ResourceClaim> = claims.iter().map(clone_claim).collect();
     let refs: Vec<&ResourceClaim> = claims.iter().collect();
     Allocator::new(snap, &refs)?.allocate(node)
 }
@@ -966,4 +966,223 @@ fn identical_devices_are_tried_once() {
         .unwrap();
     assert!(outcome.allocation().is_some());
     assert!(stats.steps < 100, "steps {}", stats.steps);
+}
+
+// ---- Selectors (CEL via dra-cel) ----
+
+fn two_drivers() -> World {
+    world()
+        .class(class("gpu-only").selector(&format!("device.driver == \"{GPU}\"")))
+        .class(class("nic-only").selector(&format!("device.driver == \"{NIC}\"")))
+        .slice(
+            slice("n1-gpus", GPU)
+                .node("n1")
+                .device(
+                    device("g0")
+                        .string("model", "a100")
+                        .int("resource.kubernetes.io/numaNode", 0),
+                )
+                .device(
+                    device("g1")
+                        .string("model", "h100")
+                        .int("resource.kubernetes.io/numaNode", 1),
+                ),
+        )
+        .slice(
+            slice("n1-nics", NIC)
+                .node("n1")
+                .device(device("nic0").int("resource.kubernetes.io/numaNode", 0))
+                .device(device("nic1").int("resource.kubernetes.io/numaNode", 1)),
+        )
+}
+
+#[test]
+fn class_and_request_selectors_both_apply() {
+    let snap = two_drivers().snapshot();
+    let c = claim("c").request(
+        request("r", "gpu-only")
+            .selector(&format!("device.attributes[\"{GPU}\"].model == \"h100\"")),
+    );
+    assert_eq!(devices(&ok(&snap, &[c]), 0), ["r=g1"]);
+    let none = claim("c").request(
+        request("r", "gpu-only")
+            .selector(&format!("device.attributes[\"{GPU}\"].model == \"v100\"")),
+    );
+    let e = unfit(&snap, &[none]);
+    assert_eq!(
+        (
+            e.requests[0].on_node,
+            e.requests[0].in_class,
+            e.requests[0].match_selectors
+        ),
+        (4, 2, 0)
+    );
+}
+
+#[test]
+fn gpu_and_nic_on_the_same_numa_node_across_drivers() {
+    let snap = two_drivers()
+        .allocated(&[(NIC, "n1-nics", "nic0")])
+        .snapshot();
+    let c = claim("c")
+        .request(request("gpu", "gpu-only"))
+        .request(request("nic", "nic-only"))
+        .match_attribute("resource.kubernetes.io/numaNode", &[]);
+    // nic0 (NUMA 0) is taken, so g0 must give way to g1 to pair with nic1.
+    assert_eq!(devices(&ok(&snap, &[c]), 0), ["gpu=g1", "nic=nic1"]);
+}
+
+#[test]
+fn a_selector_error_fails_the_whole_attempt_naming_the_class() {
+    let snap = world()
+        .class(class("broken").selector("device.attributes[\"gpu.example.com\"].missing == 1"))
+        .slice(
+            slice("s", GPU)
+                .node("n1")
+                .device(device("d").string("model", "x")),
+        )
+        .snapshot();
+    let err = try_run(&snap, &[claim("c").request(request("r", "broken"))], &n1()).unwrap_err();
+    assert!(matches!(err, AllocError::Cel { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("class broken: selector #0 on device gpu.example.com/s/d"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_selector_error_on_a_device_in_use_is_never_met() {
+    // Upstream checks "in use" before CEL; so do we.
+    let snap = world()
+        .class(class("picky").selector("device.attributes[\"gpu.example.com\"].model == \"x\""))
+        .slice(
+            slice("s", GPU)
+                .node("n1")
+                .device(device("bad"))
+                .device(device("good").string("model", "x")),
+        )
+        .allocated(&[(GPU, "s", "bad")])
+        .snapshot();
+    let a = ok(&snap, &[claim("c").request(request("r", "picky"))]);
+    assert_eq!(devices(&a, 0), ["r=good"]);
+}
+
+#[test]
+fn admin_access_never_takes_a_device_twice_in_one_claim() {
+    let snap = world().slice(gpus(1)).snapshot();
+    let c = claim("c")
+        .request(request("a", "gpu").admin())
+        .request(request("b", "gpu").admin());
+    unfit(&snap, &[c]);
+    let two = [
+        claim("c").request(request("a", "gpu").admin()),
+        claim("d").request(request("b", "gpu").admin()),
+    ];
+    let a = ok(&snap, &two);
+    assert_eq!(
+        (devices(&a, 0), devices(&a, 1)),
+        (vec!["a=gpu-0".to_string()], vec!["b=gpu-0".to_string()])
+    );
+}
+
+#[test]
+fn list_attributes_match_by_intersection_when_the_feature_is_on() {
+    let world = world().slice(
+        slice("s", GPU)
+            .node("n1")
+            .device(device("a").strings("pcieRoots", &["p1", "p2"]))
+            .device(device("b").strings("pcieRoots", &["p3"]))
+            .device(device("c").strings("pcieRoots", &["p2", "p3"])),
+    );
+    let snap = Snapshot::new(SnapshotInput {
+        classes: world.classes.into_iter().map(ClassBuilder::build).collect(),
+        slices: world.slices,
+        features: dra_allocator::Features {
+            list_type_attributes: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let c = claim("c")
+        .request(request("r", "gpu").count(2))
+        .match_attribute("gpu.example.com/pcieRoots", &[]);
+    assert_eq!(devices(&ok(&snap, &[c]), 0), ["r=a", "r=c"]);
+    let d = claim("c")
+        .request(request("r", "gpu").count(2))
+        .distinct_attribute("gpu.example.com/pcieRoots", &[]);
+    assert_eq!(devices(&ok(&snap, &[d]), 0), ["r=a", "r=b"]);
+}
+
+#[test]
+fn the_snapshot_is_shared_between_threads() {
+    let snap = std::sync::Arc::new(world().slice(gpus(8)).snapshot());
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let snap = snap.clone();
+            std::thread::spawn(move || {
+                let c = claim("c").request(request("r", "gpu").count(2)).build();
+                let a = Allocator::new(&snap, &[&c])
+                    .unwrap()
+                    .allocate(&n1())
+                    .unwrap();
+                let a = a.allocation().unwrap().results[0].clone();
+                a.devices.unwrap().results.unwrap().len()
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), 2);
+    }
+}
+
+#[test]
+fn cancellation_and_deadline_abort_a_long_search() {
+    // An `All` request under a constraint makes the search exactly upstream's (no pruning):
+    // eight requests over 16 distinct GPUs succeed in many ways, then "all" fails each time.
+    let s = slice("n1-gpus", GPU)
+        .pool("n1", 1, 1)
+        .node("n1")
+        .devices((0..16).map(|i| device(&format!("gpu-{i}")).int("id", i)));
+    let snap = world().slice(s).snapshot();
+    let mut c = claim("c");
+    for i in 0..8 {
+        c = c.request(request(&format!("r{i}"), "gpu"));
+    }
+    let c = c
+        .request(request("rest", "gpu").all())
+        .distinct_attribute("gpu.example.com/id", &[])
+        .build();
+    let allocator = Allocator::new(&snap, &[&c]).unwrap();
+    let cancel = std::sync::atomic::AtomicBool::new(true);
+    let err = allocator
+        .allocate_with(
+            &n1(),
+            Limits {
+                deadline: None,
+                cancel: Some(&cancel),
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AllocError::Aborted {
+                why: "cancelled",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let soon = Instant::now() + Duration::from_millis(20);
+    let err = allocator
+        .allocate_with(
+            &n1(),
+            Limits {
+                deadline: Some(soon),
+                cancel: None,
+            },
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("deadline exceeded"), "{err}");
 }

@@ -1,6 +1,6 @@
 //! The benchmark scenarios (issue 4, a–e), shared by the criterion benches and the
 //! reference-timing test so both run exactly the same snapshots.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::type_complexity)]
 
 use dra_allocator::build::*;
 use k8s_openapi::api::resource::v1::ResourceClaim;

@@ -1,7 +1,7 @@
 //! Shared by the property and conformance tests: a seeded generator of random scenarios, an
 //! independent checker of allocation results (the properties every answer must have), and
 //! an exhaustive enumerator for small scenarios.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::type_complexity)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -816,8 +816,10 @@ pub fn check(case: &Case, results: &[AllocationResult]) -> Result<(), String> {
                 }
                 let first_share =
                     multi && !shared.contains_key(&id) && shared_new.insert(id.clone());
-                if !multi || first_share {
-                    if !d.consumes_counters.as_ref().is_none_or(|c| c.is_empty()) {
+                if (!multi || first_share)
+                    && !d.consumes_counters.as_ref().is_none_or(|c| c.is_empty())
+                {
+                    {
                         let e = counter_use
                             .entry((p.driver.clone(), p.pool.clone()))
                             .or_default();
