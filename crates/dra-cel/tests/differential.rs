@@ -357,11 +357,22 @@ fn bool_expr(r: &mut Rng, depth: u32) -> String {
             cmp(r),
             r.below(3) as i64 - 1
         ),
-        7 => format!(
-            "quantity({:?}).isLessThan(quantity({:?}))",
-            quantity_string(r),
-            quantity_string(r)
-        ),
+        7 => {
+            // Often the same value twice (in one spelling or two), where strict and non-strict
+            // comparisons differ.
+            let a = quantity_string(r);
+            let b = match r.below(3) {
+                0 => a.clone(),
+                1 => a
+                    .parse::<dra_cel::Quantity>()
+                    .map_or_else(|_| a.clone(), |q| q.to_string()),
+                _ => quantity_string(r),
+            };
+            format!(
+                "quantity({a:?}).{}(quantity({b:?}))",
+                r.pick(&["isLessThan", "isGreaterThan"])
+            )
+        }
         8 => format!(
             "quantity({:?}) == quantity({:?})",
             quantity_string(r),
