@@ -405,7 +405,10 @@ impl<'a> NodeRun<'a> {
             if features.consumable_capacity {
                 let computed = match (&r.capacity, &entry.unrequested) {
                     // Same for every request without capacity stanza: computed once per device.
-                    (None, Ok(n)) => Ok(n.clone()),
+                    // Only shared devices keep the amount, so others need no copy.
+                    (None, Ok(n)) => Ok(n
+                        .as_ref()
+                        .map(|v| if d.multi { v.clone() } else { Vec::new() })),
                     _ => consumption(
                         r.capacity.as_deref(),
                         &entry.capacity,
@@ -1139,13 +1142,12 @@ impl<'a> NodeRun<'a> {
             }
         }
         // ((pool, NUMA value), (all free before, all free after)).
-        type Domain<'v> = ((u32, &'v AttrValue), (bool, bool));
-        let mut numa: Vec<Domain<'_>> = Vec::new();
+        let mut numa: Vec<((u32, u32), (bool, bool))> = Vec::new();
         for (d, dev) in self.devs.iter().enumerate() {
             let before = !dev.taken && !dev.shared;
             let after = before && self.claim_mask[d] == 0 && self.alloc_shares[d] == 0;
             q.free_devices_after += usize::from(after);
-            if let Some(v) = &self.snap.devices[dev.entry as usize].numa {
+            if let Some(v) = self.snap.devices[dev.entry as usize].numa {
                 let key = (dev.pool, v);
                 let i = match numa.iter().position(|(k, _)| *k == key) {
                     Some(i) => i,

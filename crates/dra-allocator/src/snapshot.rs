@@ -99,8 +99,8 @@ pub(crate) struct DeviceEntry {
     pub broken: Option<String>,
     /// What a request without `capacity` consumes (`Ok(None)`: it does not fit).
     pub unrequested: Result<Option<Vec<Quantity>>, crate::capacity::CapacityError>,
-    /// `resource.kubernetes.io/numaNode`, for the fragmentation score.
-    pub numa: Option<crate::attr::AttrValue>,
+    /// `resource.kubernetes.io/numaNode` (interned), for the fragmentation score.
+    pub numa: Option<u32>,
 }
 
 const NUMA_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
@@ -259,6 +259,7 @@ impl Snapshot {
         let mut node_slices: HashMap<String, Vec<u32>> = HashMap::new();
         let mut shared_slices = Vec::new();
         let mut pool_slices: HashMap<(String, String), Vec<u32>> = HashMap::new();
+        let mut numa_ids: HashMap<crate::attr::AttrValue, u32> = HashMap::new();
         for (si, slice) in slices.iter().enumerate() {
             let spec = &slice.spec;
             let start = devices.len() as u32;
@@ -280,7 +281,11 @@ impl Snapshot {
                     features.fractional_capacity_range,
                 );
                 let numa =
-                    crate::attr::lookup(device.attributes.as_ref(), &spec.driver, NUMA_ATTRIBUTE);
+                    crate::attr::lookup(device.attributes.as_ref(), &spec.driver, NUMA_ATTRIBUTE)
+                        .map(|v| {
+                            let next = numa_ids.len() as u32;
+                            *numa_ids.entry(v).or_insert(next)
+                        });
                 devices.push(DeviceEntry {
                     slice: si as u32,
                     index: di as u32,
