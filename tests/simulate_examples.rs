@@ -262,11 +262,11 @@ fn mig_instances_exclude_the_whole_gpu() {
     let r = simulate(&["examples/mig-partitionable"]);
     assert_eq!(
         r.devices("default/inference-0-mig"),
-        ["gpu.nvidia.com/a100-node/gpu-0-mig-3g.20gb-0"]
+        ["gpu.nvidia.com/a100-node/gpu-0-mig-3g20gb-0"]
     );
     assert_eq!(
         r.devices("default/inference-1-mig"),
-        ["gpu.nvidia.com/a100-node/gpu-0-mig-3g.20gb-4"]
+        ["gpu.nvidia.com/a100-node/gpu-0-mig-3g20gb-4"]
     );
     assert_eq!(r.node("default/full-training"), None);
     assert!(

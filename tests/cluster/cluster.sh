@@ -7,7 +7,8 @@
 #   cluster.sh up   [DIR]         build, then start a fresh cluster whose state lives in DIR
 #   cluster.sh down [DIR]         stop it; no process and no DIR are left behind
 #   cluster.sh env  [DIR]         print `export KUBECONFIG=...` and `export PATH=...`
-#   cluster.sh scheduler [DIR]    also start the reference kube-scheduler 1.37
+#   cluster.sh scheduler [DIR] [NAME]  also start the reference kube-scheduler 1.37, serving
+#                                 pods whose schedulerName is NAME (default-scheduler)
 #   cluster.sh bindir             print the folder of the built binaries
 #
 # DIR defaults to tests/cluster/.run/default. Each DIR is an independent cluster on its own
@@ -50,7 +51,9 @@ feature_gates() {
 }
 
 # Controllers the tests rely on. node-lifecycle is deliberately absent: with no kubelets it
-# would mark every Node NotReady and taint it after ~40 s.
+# would mark every Node NotReady and taint it after ~40 s. For the same reason
+# kube-apiserver runs without the TaintNodesByCondition admission plugin, which taints every
+# new Node not-ready until a kubelet reports in.
 KCM_CONTROLLERS=(
   resourceclaim-controller device-taint-eviction-controller
   deployment-controller replicaset-controller statefulset-controller job-controller
@@ -215,6 +218,7 @@ up() {
     --runtime-config resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true \
     --feature-gates "$(feature_gates)" \
     --endpoint-reconciler-type none \
+    --disable-admission-plugins TaintNodesByCondition \
     --enable-priority-and-fairness=false \
     --profiling=false
   kubeconfig "$dir" admin "$api_port"
@@ -246,16 +250,30 @@ up() {
 }
 
 scheduler() {
-  local dir=$1
+  local dir=$1 name=${2:-default-scheduler}
   [[ -f "$dir/admin.kubeconfig" ]] || die "no cluster in $dir (cluster.sh up $dir first)"
+  cat >"$dir/scheduler-config.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: $dir/scheduler.kubeconfig
+leaderElection:
+  leaderElect: false
+profiles:
+- schedulerName: $name
+EOF
   start "$dir" kube-scheduler "$BIN/kube-scheduler" \
-    --kubeconfig "$dir/scheduler.kubeconfig" \
+    --config "$dir/scheduler-config.yaml" \
     --authentication-kubeconfig "$dir/scheduler.kubeconfig" \
     --authorization-kubeconfig "$dir/scheduler.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port 0 \
-    --feature-gates "$(feature_gates)" \
-    --leader-elect=false
-  log "kube-scheduler started (schedulerName default-scheduler)"
+    --feature-gates "$(feature_gates)"
+  sleep 1
+  kill -0 "$(cat "$dir/pids/kube-scheduler")" 2>/dev/null || {
+    tail -n 20 "$dir/logs/kube-scheduler.log" >&2
+    die "kube-scheduler exited"
+  }
+  log "kube-scheduler started (schedulerName $name)"
 }
 
 down() {
@@ -306,6 +324,6 @@ case "${1:-}" in
   up) up "$(resolve_dir "${2:-}")" ;;
   down) down "$(resolve_dir "${2:-}")" ;;
   env) env_cmd "$(resolve_dir "${2:-}")" ;;
-  scheduler) scheduler "$(resolve_dir "${2:-}")" ;;
+  scheduler) scheduler "$(resolve_dir "${2:-}")" "${3:-}" ;;
   *) echo "usage: $0 build|up|down|env|scheduler|bindir [DIR]" >&2; exit 2 ;;
 esac

@@ -32,6 +32,20 @@ pub struct TestCluster {
     dir: PathBuf,
     kubeconfig: PathBuf,
     bin: PathBuf,
+    /// A dedicated cluster is stopped when dropped; the shared one when the process exits.
+    dedicated: bool,
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        if self.dedicated {
+            let _ = Command::new("bash")
+                .arg(repo_root().join("tests/cluster/cluster.sh"))
+                .arg("down")
+                .arg(&self.dir)
+                .output();
+        }
+    }
 }
 
 static SHARED: OnceLock<Result<TestCluster, String>> = OnceLock::new();
@@ -55,9 +69,25 @@ impl TestCluster {
         }
     }
 
+    /// A cluster of its own, for a test that needs cluster-scoped objects no other test
+    /// sees (or its own reference scheduler); stopped when dropped.
+    ///
+    /// Panics (failing the test) with the reason when the control plane cannot start.
+    pub fn dedicated() -> TestCluster {
+        match Self::start() {
+            Ok(mut cluster) => {
+                cluster.dedicated = true;
+                cluster
+            }
+            Err(reason) => panic!("the test control plane is not available: {reason}"),
+        }
+    }
+
     fn start() -> Result<TestCluster, String> {
+        static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let script = repo_root().join("tests/cluster/cluster.sh");
-        let dir = std::env::temp_dir().join(format!("dra-test-cluster-{}", std::process::id()));
+        let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("dra-test-cluster-{}-{n}", std::process::id()));
         let out = Command::new("bash")
             .arg(&script)
             .arg("up")
@@ -96,6 +126,7 @@ impl TestCluster {
         Ok(TestCluster {
             kubeconfig: dir.join("admin.kubeconfig"),
             bin,
+            dedicated: false,
             dir,
         })
     }
@@ -136,24 +167,21 @@ impl TestCluster {
         cmd
     }
 
-    /// Start the reference kube-scheduler 1.37 (idempotent per process).
-    pub fn start_reference_scheduler(&self) -> Result<(), String> {
-        static STARTED: OnceLock<Result<(), String>> = OnceLock::new();
-        STARTED
-            .get_or_init(|| {
-                let out = Command::new("bash")
-                    .arg(repo_root().join("tests/cluster/cluster.sh"))
-                    .arg("scheduler")
-                    .arg(&self.dir)
-                    .output()
-                    .map_err(|e| e.to_string())?;
-                if out.status.success() {
-                    Ok(())
-                } else {
-                    Err(String::from_utf8_lossy(&out.stderr).into_owned())
-                }
-            })
-            .clone()
+    /// Start the reference kube-scheduler 1.37 for pods whose `schedulerName` is
+    /// `scheduler_name`. Call it once per cluster.
+    pub fn start_reference_scheduler(&self, scheduler_name: &str) -> Result<(), String> {
+        let out = Command::new("bash")
+            .arg(repo_root().join("tests/cluster/cluster.sh"))
+            .arg("scheduler")
+            .arg(&self.dir)
+            .arg(scheduler_name)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
     }
 
     /// A fresh namespace for one test, named after `prefix`.

@@ -1,0 +1,277 @@
+//! The examples, applied to a real Kubernetes 1.37 control plane and scheduled by the real
+//! kube-scheduler (serving `schedulerName: dra-scheduler`), against `simulate` on the same
+//! manifests: every pod kube-scheduler places, simulate places too. And the allocations
+//! simulate chooses are accepted by the real API server as claim status.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dra_scheduler::simulate;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::{Api, Client};
+use test_cluster::{TestCluster, server_message};
+
+const EXAMPLES: &[&str] = &[
+    "first-available",
+    "memory-selector",
+    "shared-claim",
+    "numa-aligned",
+    "device-taints",
+    "device-taint-rule",
+    "extended-resource",
+    "mig-partitionable",
+];
+
+fn example(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(name)
+}
+
+/// Pods that are interchangeable for placement: the pods of one workload, or standalone
+/// pods that ask for the same claims. Schedulers may break ties between such pods
+/// differently (kube-scheduler orders pods created in the same second arbitrarily).
+fn interchangeable(pod: &Pod) -> String {
+    let claims: Vec<String> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.resource_claims.iter().flatten())
+        .map(|c| {
+            c.resource_claim_template_name
+                .clone()
+                .or(c.resource_claim_name.clone())
+                .unwrap_or_default()
+        })
+        .collect();
+    format!("pods using [{}]", claims.join(", "))
+}
+
+fn group_of_reference_pod(pod: &Pod) -> String {
+    match pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+    {
+        Some(o) if o.kind == "ReplicaSet" => o
+            .name
+            .rsplit_once('-')
+            .map(|(d, _)| d.to_string())
+            .unwrap_or(o.name.clone()),
+        Some(o) => o.name.clone(),
+        None => interchangeable(pod),
+    }
+}
+
+/// simulate names workload pods `<workload>-<index>`.
+fn group_of_simulated_pod(pod: &Pod, workloads: &[String]) -> String {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    workloads
+        .iter()
+        .find(|w| {
+            name.strip_prefix(w.as_str())
+                .and_then(|rest| rest.strip_prefix('-'))
+                .is_some_and(|i| i.chars().all(|c| c.is_ascii_digit()))
+        })
+        .cloned()
+        .unwrap_or_else(|| interchangeable(pod))
+}
+
+fn kubectl(cluster: &TestCluster, args: &[&str]) -> String {
+    let out = cluster.kubectl().args(args).output().expect("run kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Apply an example; ResourceClaims that come with a status get it written afterwards
+/// (the API server drops status on create).
+async fn apply(cluster: &TestCluster, client: &Client, dir: &PathBuf, namespace: &str) {
+    kubectl(
+        cluster,
+        &["apply", "-n", namespace, "-f", dir.to_str().unwrap()],
+    );
+    let input = simulate::load(&[dir.clone()]).expect("example loads");
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace);
+    for claim in input.claims.iter().filter(|c| c.status.is_some()) {
+        let name = claim.metadata.name.clone().unwrap();
+        let mut current = claims.get(&name).await.unwrap();
+        current.status = claim.status.clone();
+        claims
+            .replace_status(&name, &PostParams::default(), &current)
+            .await
+            .unwrap_or_else(|e| panic!("status of claim {name}: {}", server_message(&e)));
+    }
+}
+
+/// Wait until kube-scheduler has decided every pod (bound, or PodScheduled=False), then a
+/// little longer for pods that were retried.
+async fn settle(pods: &Api<Pod>, expected: usize) -> Vec<Pod> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        let list = pods.list(&ListParams::default()).await.unwrap().items;
+        let decided = list
+            .iter()
+            .filter(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+                    || p.status
+                        .iter()
+                        .flat_map(|s| s.conditions.iter().flatten())
+                        .any(|c| c.type_ == "PodScheduled" && c.status == "False")
+            })
+            .count();
+        if list.len() >= expected && decided == list.len() {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            return pods.list(&ListParams::default()).await.unwrap().items;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "kube-scheduler did not decide all {expected} pods in 180s ({decided} of {} decided)",
+            list.len()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_scheduler_and_simulate_place_the_same_pods() {
+    let mut report = Vec::new();
+    // REFERENCE_EXAMPLES=a,b runs only those examples (for debugging one of them).
+    let only = std::env::var("REFERENCE_EXAMPLES").ok();
+    for name in EXAMPLES {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|x| x == *name))
+        {
+            continue;
+        }
+        eprintln!("example {name}");
+        // Each example has its own cluster: examples reuse node and class names.
+        let cluster = TestCluster::dedicated();
+        cluster
+            .start_reference_scheduler("dra-scheduler")
+            .expect("kube-scheduler starts");
+        let client = cluster.client().await;
+        let dir = example(name);
+        apply(&cluster, &client, &dir, "default").await;
+
+        let sim = simulate::simulate(
+            &simulate::Options {
+                scheduler_name: "dra-scheduler".into(),
+                all_schedulers: false,
+            },
+            simulate::load(&[dir.clone()]).unwrap(),
+        );
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        let reference = settle(&pods, sim.pods.len()).await;
+
+        let mut placed_by_reference: BTreeMap<String, usize> = BTreeMap::new();
+        for pod in &reference {
+            if pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some()
+            {
+                *placed_by_reference
+                    .entry(group_of_reference_pod(pod))
+                    .or_default() += 1;
+            }
+        }
+        let workloads: Vec<String> = reference
+            .iter()
+            .filter(|p| p.metadata.owner_references.is_some())
+            .map(group_of_reference_pod)
+            .collect();
+        let mut placed_by_simulate: BTreeMap<String, usize> = BTreeMap::new();
+        for (key, _) in &sim.pods {
+            let pod = &sim.engine.state().pods[key];
+            if pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some()
+            {
+                *placed_by_simulate
+                    .entry(group_of_simulated_pod(pod, &workloads))
+                    .or_default() += 1;
+            }
+        }
+        for (workload, n) in &placed_by_reference {
+            let ours = placed_by_simulate.get(workload).copied().unwrap_or(0);
+            assert!(
+                ours >= *n,
+                "example {name}: kube-scheduler placed {n} pod(s) of {workload}, simulate {ours}\n\
+                 reference: {placed_by_reference:?}\nsimulate: {placed_by_simulate:?}"
+            );
+        }
+        report.push(format!(
+            "{name}: kube-scheduler {placed_by_reference:?}, simulate {placed_by_simulate:?}"
+        ));
+
+        // simulate's allocations are valid claim status for the real API server.
+        let scratch = cluster.namespace("sim-allocations").await;
+        let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &scratch.name);
+        for (key, claim) in sim.engine.state().claims.iter() {
+            let Some(mut status) = claim.status.clone().filter(|s| s.allocation.is_some()) else {
+                continue;
+            };
+            // simulate's pods have no UIDs; the API requires one per consumer.
+            for (i, consumer) in status.reserved_for.iter_mut().flatten().enumerate() {
+                consumer.uid = format!("00000000-0000-0000-0000-{i:012}");
+            }
+            let copy = ResourceClaim {
+                metadata: ObjectMeta {
+                    name: Some(key.name.clone()),
+                    ..Default::default()
+                },
+                spec: claim.spec.clone(),
+                status: None,
+            };
+            let mut created = claims
+                .create(&PostParams::default(), &copy)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: claim {key}: {}", server_message(&e)));
+            created.status = Some(status);
+            claims
+                .replace_status(&key.name, &PostParams::default(), &created)
+                .await
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "{name}: the API server rejects simulate's allocation of {key}: {}",
+                        server_message(&e)
+                    )
+                });
+        }
+        drop(cluster);
+    }
+    println!("{}", report.join("\n"));
+}
+
+#[test]
+fn simulated_pods_map_back_to_their_workload() {
+    let pod = |name: &str| Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let workloads = vec!["inference".to_string(), "sweep".to_string()];
+    assert_eq!(
+        group_of_simulated_pod(&pod("inference-1"), &workloads),
+        "inference"
+    );
+    assert_eq!(
+        group_of_simulated_pod(&pod("inference-extra"), &workloads),
+        "pods using []"
+    );
+}
