@@ -122,6 +122,14 @@ impl<'s> Allocator<'s> {
         })
     }
 
+    /// Prefer devices that keep whole NUMA domains (`resource.kubernetes.io/numaNode`) free:
+    /// best fit instead of upstream's first fit. Off by default, so that answers are the ones
+    /// Kubernetes would give; the search stays complete either way.
+    pub fn packing(mut self, on: bool) -> Self {
+        self.plan.packing = on;
+        self
+    }
+
     /// Finds devices for every claim on `node`, or explains why there are none.
     pub fn allocate(&self, node: &Node) -> Result<Outcome, AllocError> {
         self.allocate_with(node, Limits::default()).map(|(o, _)| o)

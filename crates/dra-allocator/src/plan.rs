@@ -76,6 +76,8 @@ pub(crate) struct ClaimPlan {
 
 #[derive(Debug)]
 pub(crate) struct Plan {
+    /// Prefer devices that keep whole NUMA domains free (off: upstream's first fit).
+    pub packing: bool,
     pub claims: Vec<ClaimPlan>,
     pub groups: Vec<GroupPlan>,
     pub reqs: Vec<ReqPlan>,
@@ -125,6 +127,7 @@ impl Plan {
     pub(crate) fn new(snapshot: &Snapshot, claims: &[&ResourceClaim]) -> Result<Plan, AllocError> {
         let features = snapshot.features();
         let mut plan = Plan {
+            packing: false,
             claims: Vec::new(),
             groups: Vec::new(),
             reqs: Vec::new(),

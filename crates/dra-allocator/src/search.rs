@@ -264,6 +264,9 @@ impl<'a> NodeRun<'a> {
             let rr = run.candidates(&plan.reqs[r])?;
             run.reqs.push(rr);
         }
+        if plan.packing {
+            run.order_for_packing();
+        }
         // Per claim, the minimum number of results, now that "All" counts are known.
         for claim in &plan.claims {
             let mut min = 0usize;
@@ -287,6 +290,45 @@ impl<'a> NodeRun<'a> {
             }
         }
         Ok(run)
+    }
+
+    /// Best fit: try devices of NUMA domains that are already partly used first, then of
+    /// the smallest domains, so whole free domains stay free. Any order keeps the search
+    /// complete; only which valid answer comes first changes.
+    fn order_for_packing(&mut self) {
+        let mut domains: Vec<((u32, u32), usize, bool)> = Vec::new();
+        for d in &self.devs {
+            let Some(n) = self.snap.devices[d.entry as usize].numa else {
+                continue;
+            };
+            let key = (d.pool, n);
+            let i = match domains.iter().position(|x| x.0 == key) {
+                Some(i) => i,
+                None => {
+                    domains.push((key, 0, false));
+                    domains.len() - 1
+                }
+            };
+            if d.taken || d.shared {
+                domains[i].2 = true;
+            } else {
+                domains[i].1 += 1;
+            }
+        }
+        let rank = |d: &Dev| -> (u8, usize) {
+            let Some(n) = self.snap.devices[d.entry as usize].numa else {
+                return (2, 0);
+            };
+            match domains.iter().find(|x| x.0 == (d.pool, n)) {
+                Some((_, free, true)) => (0, *free),
+                Some((_, free, false)) => (1, *free),
+                None => (2, 0),
+            }
+        };
+        let ranks: Vec<(u8, usize)> = self.devs.iter().map(rank).collect();
+        for rr in &mut self.reqs {
+            rr.cand.sort_by_key(|&d| ranks[d as usize]);
+        }
     }
 
     fn count(&self, r: usize) -> usize {

@@ -1186,3 +1186,33 @@ fn cancellation_and_deadline_abort_a_long_search() {
         .unwrap_err();
     assert!(err.to_string().contains("deadline exceeded"), "{err}");
 }
+
+#[test]
+fn packing_keeps_whole_numa_domains_free() {
+    // gpu-0..3 on NUMA 0 (all free), gpu-4..7 on NUMA 1 with gpu-5 in use.
+    let snap = world()
+        .slice(numa_gpus())
+        .allocated(&[(GPU, "n1", "gpu-5")])
+        .snapshot();
+    let c = claim("c").request(request("r", "gpu").count(2)).build();
+    let first_fit = Allocator::new(&snap, &[&c])
+        .unwrap()
+        .allocate(&n1())
+        .unwrap();
+    let first_fit = first_fit.allocation().unwrap();
+    assert_eq!(
+        devices(first_fit, 0),
+        ["r=gpu-0", "r=gpu-1"],
+        "upstream order"
+    );
+    assert_eq!(first_fit.quality.numa_domains_broken, 1);
+    let packed = Allocator::new(&snap, &[&c])
+        .unwrap()
+        .packing(true)
+        .allocate(&n1())
+        .unwrap();
+    let packed = packed.allocation().unwrap();
+    assert_eq!(devices(packed, 0), ["r=gpu-4", "r=gpu-6"]);
+    assert_eq!(packed.quality.numa_domains_broken, 0);
+    assert_eq!(packed.quality.free_numa_domains_after, 1);
+}
