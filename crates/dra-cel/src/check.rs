@@ -239,6 +239,9 @@ struct Var {
 
 pub(crate) struct Checker {
     scope: Vec<Var>,
+    /// `string(x)` calls with `x` possibly a double, and every `format` call: rendered as
+    /// cel-go does by `library::STRING`/`library::FORMAT`.
+    pub k8s_rendering: Vec<u64>,
     /// `==` calls whose left operand may be a quantity or a version at run time: they
     /// go through `library::EQUALS`, which fails on a type mismatch as cel-go does.
     pub k8s_equality: Vec<u64>,
@@ -256,6 +259,7 @@ impl Checker {
         Checker {
             scope: Vec::new(),
             k8s_equality: Vec::new(),
+            k8s_rendering: Vec::new(),
         }
     }
 
@@ -803,6 +807,9 @@ impl Checker {
                 })
             }
             ("string", [x]) => {
+                if matches!(x.ty, Ty::Double | Ty::Dyn) {
+                    self.k8s_rendering.push(id);
+                }
                 let mut est = conv(
                     id,
                     f,
@@ -976,6 +983,7 @@ impl Checker {
                 n,
             )),
             "format" => {
+                self.k8s_rendering.push(id);
                 let list = a
                     .first()
                     .map_or((UNKNOWN_SIZE, UNKNOWN_SIZE), |x| (x.size, x.inner));

@@ -63,6 +63,10 @@
 //!   error until something decides. The `cel` crate stops at the first error, so our evaluator
 //!   runs control flow (`&&`, `||`, `!`, `?:`, comprehensions, hence every macro and
 //!   `cel.bind`) itself and hands the rest to the interpreter.
+//! * **Rendering**: `string(double)` and `format()` produce Kubernetes' text (Go's float
+//!   formatting, its locale-aware `%f`/`%e`); the calls are routed to our implementation at
+//!   compile time. Kubernetes rejects a bad literal format string while compiling; here it is
+//!   an error when evaluated.
 //! * **Equality**: `quantity == x` and `semver == x` with `x` of another type are errors in
 //!   Kubernetes, not `false`; such `==` calls are routed to a typed equality at compile time.
 //! * **The `device` variable** is a set of views over the borrowed maps, built on the stack for
@@ -89,7 +93,10 @@
 //! | optional types | `optMap`, `optFlatMap` | yes (`cel` crate macros) |
 //! | Kubernetes quantity | `quantity`, `isQuantity`, `compareTo`, `isGreaterThan`, `isLessThan`, `add`, `sub`, `asInteger`, `isInteger`, `asApproximateFloat`, `sign(q)` | yes (ours, exact) |
 //! | Kubernetes semver | `semver` (1 and 2 arguments), `isSemver` (1 and 2), `compareTo`, `isGreaterThan`, `isLessThan`, `major`, `minor`, `patch` | yes (ours, blang/semver rules) |
-//! | strings ext v2 | `charAt`, `indexOf`, `lastIndexOf`, `lowerAscii`, `upperAscii`, `replace`, `split`, `substring`, `trim`, `join`, `strings.quote`, `format` | yes (`cel` crate) |
+//! | strings ext v2 | `charAt`, `indexOf`, `lastIndexOf`, `lowerAscii`, `upperAscii`, `replace`, `split`, `substring`, `trim`, `join`, `strings.quote` | yes (`cel` crate) |
+//! | strings ext v2 | `format` with `%s` (strings, numbers, bools, bytes, null, types), `%d`, `%f`, `%e`, `%b`, `%o`, `%x`, `%X`, `%%`, rendered as Kubernetes' en-US printer does (`1,234.500000`, `1.500000×10⁰⁰`) | yes (ours) |
+//! | strings ext v2 | `format` `%s` of lists, maps, durations, timestamps | no: an error here, a text in Kubernetes |
+//! | conversions | `string(double)` as Go writes doubles (`1.23456789e+08`) | yes (ours) |
 //! | Kubernetes regex | `find`, `findAll` (1 and 2 arguments) | yes (ours; Rust `regex`, RE2 syntax as Go's) |
 //! | Kubernetes lists v1 | `isSorted`, `sum`, `min`, `max`, `indexOf`, `lastIndexOf`, `includes` | yes (ours) |
 //! | lists ext v3 | `slice`, `flatten`, `distinct`, `reverse`, `sort`, `sortBy`, `lists.range` | yes (`cel` crate) |
@@ -468,6 +475,7 @@ impl Environment {
             }
         };
         rewrite_equality(&mut program, &checker.k8s_equality);
+        rewrite_rendering(&mut program, &checker.k8s_rendering);
         let mut comprehensions = Vec::new();
         eval::comprehension_nodes(&program, &mut comprehensions);
         let mut constants = Vec::new();
@@ -518,6 +526,59 @@ fn fold_constants(e: &IdedExpr, out: &mut Vec<Option<Box<dyn cel::common::value:
             }
         }
         Expr::Select(s) => fold_constants(&s.operand, out),
+        _ => {}
+    }
+}
+
+/// Points `string(x)` and `s.format(list)` calls the checker picked at cel-go's rendering.
+fn rewrite_rendering(e: &mut IdedExpr, ids: &[u64]) {
+    if ids.is_empty() {
+        return;
+    }
+    let id = e.id;
+    match &mut e.expr {
+        Expr::Call(call) => {
+            if ids.contains(&id) {
+                if call.func_name == "string" && call.target.is_none() {
+                    call.func_name = library::STRING.to_string();
+                } else if call.func_name == "format"
+                    && let Some(target) = call.target.take()
+                {
+                    call.args.insert(0, *target);
+                    call.func_name = library::FORMAT.to_string();
+                }
+            }
+            if let Some(t) = call.target.as_deref_mut() {
+                rewrite_rendering(t, ids);
+            }
+            for a in &mut call.args {
+                rewrite_rendering(a, ids);
+            }
+        }
+        Expr::Comprehension(c) => {
+            for x in [
+                &mut c.iter_range,
+                &mut c.accu_init,
+                &mut c.loop_cond,
+                &mut c.loop_step,
+                &mut c.result,
+            ] {
+                rewrite_rendering(x, ids);
+            }
+        }
+        Expr::List(l) => l
+            .elements
+            .iter_mut()
+            .for_each(|x| rewrite_rendering(x, ids)),
+        Expr::Map(m) => {
+            for entry in &mut m.entries {
+                if let cel::common::ast::EntryExpr::MapEntry(me) = &mut entry.expr {
+                    rewrite_rendering(&mut me.key, ids);
+                    rewrite_rendering(&mut me.value, ids);
+                }
+            }
+        }
+        Expr::Select(s) => rewrite_rendering(&mut s.operand, ids),
         _ => {}
     }
 }

@@ -425,6 +425,297 @@ fn k8s_equals<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
     ok(CelBool::from(k8s_eq(&args)?))
 }
 
+// ---- string(double) and format(), as cel-go renders them ----
+
+/// The name `string(x)` is rewritten to when `x` may be a double: cel-go writes doubles with
+/// Go's `strconv.FormatFloat(d, 'g', -1, 64)` (`1.23456789e+08`, `1e-06`), the `cel` crate
+/// positionally.
+pub(crate) const STRING: &str = "@k8s_string";
+/// The name `s.format(list)` is rewritten to.
+pub(crate) const FORMAT: &str = "@k8s_format";
+
+/// Go's shortest `%g` rendering of a double.
+pub(crate) fn go_float(d: f64) -> String {
+    if d.is_nan() {
+        return "NaN".into();
+    }
+    if d.is_infinite() {
+        return if d > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        };
+    }
+    let sign = if d.is_sign_negative() { "-" } else { "" };
+    if d == 0.0 {
+        return format!("{sign}0");
+    }
+    // Rust's `{:e}` gives the shortest digits that read back as `d`, as Go's does.
+    let sci = format!("{:e}", d.abs());
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    if !(-4..6).contains(&exp) {
+        let (first, rest) = digits.split_at(1);
+        let frac = if rest.is_empty() {
+            String::new()
+        } else {
+            format!(".{rest}")
+        };
+        let esign = if exp < 0 { '-' } else { '+' };
+        return format!("{sign}{first}{frac}e{esign}{:02}", exp.unsigned_abs());
+    }
+    if exp < 0 {
+        return format!("{sign}0.{}{digits}", "0".repeat((-exp - 1) as usize));
+    }
+    let point = exp as usize + 1;
+    if digits.len() <= point {
+        format!("{sign}{digits}{}", "0".repeat(point - digits.len()))
+    } else {
+        format!("{sign}{}.{}", &digits[..point], &digits[point..])
+    }
+}
+
+/// `%f` as Kubernetes' en-US printer writes it: thousands grouped, `∞` for infinity.
+fn fixed_point(d: f64, precision: usize) -> String {
+    if d.is_nan() {
+        return "NaN".into();
+    }
+    if d.is_infinite() {
+        return if d > 0.0 { "∞".into() } else { "-∞".into() };
+    }
+    let d = if d == 0.0 { 0.0 } else { d };
+    let text = format!("{d:.precision$}");
+    let (sign, unsigned) = text
+        .strip_prefix('-')
+        .map_or(("", text.as_str()), |t| ("-", t));
+    let (whole, fraction) = unsigned
+        .split_once('.')
+        .map_or((unsigned, None), |(w, f)| (w, Some(f)));
+    let mut grouped = String::with_capacity(whole.len() + whole.len() / 3);
+    for (i, c) in whole.chars().enumerate() {
+        if i > 0 && (whole.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(c);
+    }
+    match fraction {
+        Some(f) => format!("{sign}{grouped}.{f}"),
+        None => format!("{sign}{grouped}"),
+    }
+}
+
+/// `%e` as Kubernetes' printer writes it: six decimals whatever the precision, and the
+/// exponent as a superscript power of ten (`1.500000×10⁰⁰`).
+fn scientific(d: f64) -> String {
+    if d.is_nan() {
+        return "   NaN".into();
+    }
+    if d.is_infinite() {
+        return if d > 0.0 {
+            "     ∞".into()
+        } else {
+            "    -∞".into()
+        };
+    }
+    let d = if d == 0.0 { 0.0 } else { d };
+    let text = format!("{d:.6e}");
+    let (mantissa, exp) = text.split_once('e').unwrap_or((&text, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    const SUPER: [char; 10] = ['⁰', '¹', '²', '³', '⁴', '⁵', '⁶', '⁷', '⁸', '⁹'];
+    let digits: String = format!("{:02}", exp.unsigned_abs())
+        .chars()
+        .map(|c| SUPER[c.to_digit(10).unwrap_or(0) as usize])
+        .collect();
+    format!("{mantissa}×10{}{digits}", if exp < 0 { "⁻" } else { "" })
+}
+
+fn k8s_string<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let v = args[0].as_ref();
+    let s = if let Some(d) = v.downcast_ref::<CelDouble>() {
+        go_float(*d.inner())
+    } else if let Some(i) = v.downcast_ref::<CelInt>() {
+        i.inner().to_string()
+    } else if let Some(u) = v.downcast_ref::<cel::common::types::CelUInt>() {
+        u.inner().to_string()
+    } else if let Some(b) = v.downcast_ref::<CelBool>() {
+        b.inner().to_string()
+    } else if let Some(s) = v.downcast_ref::<CelString>() {
+        s.inner().to_string()
+    } else if let Some(b) = v.downcast_ref::<cel::common::types::CelBytes>() {
+        std::str::from_utf8(b.inner())
+            .map_err(|_| {
+                ExecutionError::function_error(
+                    "string",
+                    "invalid UTF-8 in bytes, cannot convert to string",
+                )
+            })?
+            .to_string()
+    } else {
+        return Err(ExecutionError::no_such_overload(
+            "string",
+            vec![v.get_type().name().to_owned()],
+        ));
+    };
+    ok(CelString::from(s))
+}
+
+/// `format()` for the clauses and arguments where it renders as Kubernetes does. Kubernetes'
+/// `%f`, `%e`, and `%s` of lists and maps go through a locale-aware printer
+/// (`1.500000×10⁰⁰`, `100,000.000000`); those are an error here rather than a different text.
+fn k8s_format<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
+    let f = "format";
+    let err = |m: String| ExecutionError::function_error(f, m);
+    let template = string(&args, 0)?;
+    let list = items(&args[1])?;
+    let mut out = String::with_capacity(template.len());
+    let mut chars = template.chars().peekable();
+    let mut next = 0usize;
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        if chars.peek() == Some(&'%') {
+            chars.next();
+            out.push('%');
+            continue;
+        }
+        // An optional precision, which only `%f` uses.
+        let mut precision = 6usize;
+        if chars.peek() == Some(&'.') {
+            chars.next();
+            let mut digits = String::new();
+            while let Some(d) = chars.next_if(char::is_ascii_digit) {
+                digits.push(d);
+            }
+            precision = digits
+                .parse()
+                .map_err(|_| err("could not parse precision".into()))?;
+            if precision > 100 {
+                return Err(err(format!(
+                    "precision {precision} exceeds maximum allowed precision 100"
+                )));
+            }
+        }
+        let verb = chars
+            .next()
+            .ok_or_else(|| err("unexpected end of string".into()))?;
+        let arg = *list
+            .get(next)
+            .ok_or_else(|| err(format!("index {next} out of range")))?;
+        next += 1;
+        let type_name = arg.get_type().name();
+        let int = arg.downcast_ref::<CelInt>().map(|i| *i.inner());
+        let uint = arg
+            .downcast_ref::<cel::common::types::CelUInt>()
+            .map(|u| *u.inner());
+        let text = |v: &dyn Val| -> Option<String> {
+            if let Some(s) = v.downcast_ref::<CelString>() {
+                Some(s.inner().to_string())
+            } else if let Some(b) = v.downcast_ref::<cel::common::types::CelBytes>() {
+                std::str::from_utf8(b.inner()).ok().map(str::to_string)
+            } else {
+                None
+            }
+        };
+        let signed = |i: i64, radix: &dyn Fn(u64) -> String| {
+            format!(
+                "{}{}",
+                if i < 0 { "-" } else { "" },
+                radix(i.unsigned_abs())
+            )
+        };
+        let rendered = match verb {
+            's' => {
+                if let Some(d) = arg.downcast_ref::<CelDouble>() {
+                    go_float(*d.inner())
+                } else if let Some(i) = int {
+                    i.to_string()
+                } else if let Some(u) = uint {
+                    u.to_string()
+                } else if let Some(b) = arg.downcast_ref::<CelBool>() {
+                    b.inner().to_string()
+                } else if let Some(t) = text(arg) {
+                    t
+                } else if type_name == "null_type" {
+                    "null".into()
+                } else if let Some(t) = arg.downcast_ref::<cel::common::types::CelType>() {
+                    t.name().to_string()
+                } else {
+                    return Err(err(format!(
+                        "%s of {type_name} is rendered differently by Kubernetes and is not supported"
+                    )));
+                }
+            }
+            'd' => match (int, uint) {
+                (Some(i), _) => i.to_string(),
+                (_, Some(u)) => u.to_string(),
+                _ => {
+                    return Err(err(format!(
+                        "decimal clause can only be used on integers, was given {type_name}"
+                    )));
+                }
+            },
+            'b' | 'o' | 'x' | 'X' => {
+                let radix = |u: u64| match verb {
+                    'b' => format!("{u:b}"),
+                    'o' => format!("{u:o}"),
+                    'x' => format!("{u:x}"),
+                    _ => format!("{u:X}"),
+                };
+                if let Some(i) = int {
+                    signed(i, &radix)
+                } else if let Some(u) = uint {
+                    radix(u)
+                } else if let (Some(b), 'b') = (arg.downcast_ref::<CelBool>(), verb) {
+                    u8::from(*b.inner()).to_string()
+                } else if let (true, Some(s)) =
+                    (matches!(verb, 'x' | 'X'), arg.downcast_ref::<CelString>())
+                {
+                    s.inner()
+                        .bytes()
+                        .map(|b| radix(u64::from(b)).to_string())
+                        .map(|h| if h.len() == 1 { format!("0{h}") } else { h })
+                        .collect()
+                } else if let (true, Some(b)) = (
+                    matches!(verb, 'x' | 'X'),
+                    arg.downcast_ref::<cel::common::types::CelBytes>(),
+                ) {
+                    b.inner()
+                        .iter()
+                        .map(|b| radix(u64::from(*b)))
+                        .map(|h| if h.len() == 1 { format!("0{h}") } else { h })
+                        .collect()
+                } else {
+                    return Err(err(format!("clause %{verb} cannot format {type_name}")));
+                }
+            }
+            'f' | 'e' => match arg.downcast_ref::<CelDouble>() {
+                Some(d) if verb == 'f' => fixed_point(*d.inner(), precision),
+                Some(d) => scientific(*d.inner()),
+                None => {
+                    let clause = if verb == 'f' {
+                        "fixed-point"
+                    } else {
+                        "scientific"
+                    };
+                    return Err(err(format!(
+                        "{clause} clause can only be used on doubles, was given {type_name}"
+                    )));
+                }
+            },
+            other => {
+                return Err(err(format!(
+                    "could not parse formatting clause: unrecognized formatting clause \"{other}\""
+                )));
+            }
+        };
+        out.push_str(&rendered);
+    }
+    ok(CelString::from(out))
+}
+
 // ---- lists ext v3: first, last ----
 
 fn first<'b, 'v>(args: Args<'b, 'v>) -> Ret<'b, 'v> {
@@ -874,6 +1165,8 @@ pub(crate) fn register(env: &mut Env) -> Result<(), DeclarationError> {
         k8s_equals,
     )?;
     env.add_macro(bind_macro())?;
+    env.add_overload(STRING, "k8s_string", vec![t(&DYN_TYPE)], k8s_string)?;
+    env.add_overload(FORMAT, "k8s_format", vec![s(), t(&DYN_TYPE)], k8s_format)?;
     env.add_member_overload("first", "list_first", l(), vec![], first)?;
     env.add_member_overload("last", "list_last", l(), vec![], last)?;
     env.add_overload(

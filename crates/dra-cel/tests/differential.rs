@@ -158,6 +158,22 @@ const DOMAINS: &[&str] = &[
 const NAMES: &[&str] = &[
     "model", "memory", "index", "healthy", "version", "cores", "missing",
 ];
+const DOUBLES: &[&str] = &[
+    "0.5",
+    "1.5",
+    "2.25",
+    "-0.0",
+    "1234.5",
+    "123456.0",
+    "1234567.0",
+    "123456789.0",
+    "1e21",
+    "1e-7",
+    "0.000123",
+    "-42.125",
+    "double(\"NaN\")",
+    "double(\"-Infinity\")",
+];
 const WORDS: &[&str] = &["a100", "A100", "h100-sxm", "x", "", "gpu,mig", "Tesla T4"];
 
 fn quantity_string(r: &mut Rng) -> String {
@@ -336,7 +352,7 @@ fn bool_expr(r: &mut Rng, depth: u32) -> String {
             ),
         };
     }
-    match r.below(50) {
+    match r.below(52) {
         0 => format!("{} {} {}", attr(r), cmp(r), literal(r)),
         1 => format!("has({})", attr(r)),
         2 => format!("device.driver == {:?}", r.pick(DRIVERS)),
@@ -550,6 +566,18 @@ fn bool_expr(r: &mut Rng, depth: u32) -> String {
             int_list(r),
             cmp(r),
             r.below(20)
+        ),
+        50 => format!(
+            "{:?}.format([{}]).size() == {}",
+            r.pick(&["%s", "%f", "%.2f", "%.0f", "%e", "x%sy"]),
+            r.pick(DOUBLES),
+            r.below(16)
+        ),
+        51 => format!(
+            "string({}).size() {} {}",
+            r.pick(DOUBLES),
+            cmp(r),
+            r.below(12)
         ),
         _ => format!(
             "{}.{}().orValue({}) {} {}",

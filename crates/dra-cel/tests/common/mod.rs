@@ -42,8 +42,8 @@ pub struct Case {
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes_message: Option<String>,
-    /// A documented difference from Kubernetes: dra-cel rejects the expression at compile
-    /// time (an unsupported feature) where Kubernetes accepts it.
+    /// A documented difference from Kubernetes: dra-cel answers with an error (an
+    /// unsupported feature) where Kubernetes gives a result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub divergence: Option<String>,
 }
