@@ -167,11 +167,10 @@ impl Engine {
             .filter(|(_, p)| bound_node(p).is_none() && !crate::state::is_terminal(p))
             .filter(|(_, p)| all || self.is_ours(p))
             .collect();
+        // Ties (same priority and position) fall back to namespace/name: deterministic.
         pending.sort_by_key(|(k, p)| {
-            (
-                std::cmp::Reverse(p.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)),
-                order(k),
-            )
+            let priority = p.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+            (std::cmp::Reverse(priority), order(k), (*k).clone())
         });
         pending.into_iter().map(|(k, _)| k.clone()).collect()
     }

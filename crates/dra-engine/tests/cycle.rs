@@ -1,0 +1,248 @@
+//! The scheduling cycle on small clusters built in code: queue order, assume/forget,
+//! device packing, already-allocated claims and the grouped message.
+
+use dra_engine::{ClusterInput, Decision, Engine, EngineConfig, ObjectKey};
+use serde_json::{Value, json};
+
+fn node(name: &str, cpu: &str) -> k8s_openapi::api::core::v1::Node {
+    serde_json::from_value(json!({"metadata": {"name": name},
+        "status": {"allocatable": {"cpu": cpu, "memory": "64Gi", "pods": "110"}}}))
+    .unwrap()
+}
+
+/// A slice with `gpus` plain GPUs on `node`.
+fn gpus(node: &str, gpus: usize) -> k8s_openapi::api::resource::v1::ResourceSlice {
+    let devices: Vec<Value> = (0..gpus)
+        .map(|i| json!({"name": format!("gpu-{i}")}))
+        .collect();
+    serde_json::from_value(
+        json!({"metadata": {"name": format!("{node}-gpus")}, "spec": {
+        "driver": "gpu.example.com", "nodeName": node,
+        "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}}),
+    )
+    .unwrap()
+}
+
+fn class() -> k8s_openapi::api::resource::v1::DeviceClass {
+    serde_json::from_value(json!({"metadata": {"name": "gpu"}, "spec": {"selectors": [
+        {"cel": {"expression": "device.driver == 'gpu.example.com'"}}]}}))
+    .unwrap()
+}
+
+fn claim(name: &str) -> k8s_openapi::api::resource::v1::ResourceClaim {
+    serde_json::from_value(
+        json!({"metadata": {"name": name, "namespace": "default"}, "spec": {
+        "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}}}),
+    )
+    .unwrap()
+}
+
+/// A pod of ours using claim `claim` (if any), asking for `cpu`.
+fn pod(
+    name: &str,
+    claim: Option<&str>,
+    cpu: &str,
+    priority: i32,
+) -> k8s_openapi::api::core::v1::Pod {
+    let claims: Vec<Value> = claim
+        .into_iter()
+        .map(|c| json!({"name": "gpu", "resourceClaimName": c}))
+        .collect();
+    serde_json::from_value(
+        json!({"metadata": {"name": name, "namespace": "default"}, "spec": {
+        "schedulerName": "dra-scheduler", "priority": priority, "resourceClaims": claims,
+        "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]}}),
+    )
+    .unwrap()
+}
+
+fn key(name: &str) -> ObjectKey {
+    ObjectKey::new("default", name)
+}
+
+fn devices(decision: &Decision) -> Vec<String> {
+    let Decision::Scheduled(p) = decision else {
+        panic!("not scheduled: {:?}", decision.message())
+    };
+    p.claims
+        .iter()
+        .flat_map(|c| c.allocation.iter())
+        .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
+        .map(|r| format!("{}/{}", r.pool, r.device))
+        .collect()
+}
+
+fn engine(input: ClusterInput) -> Engine {
+    Engine::new(EngineConfig::default(), input)
+}
+
+#[test]
+fn higher_priority_pods_go_first() {
+    let e = engine(ClusterInput {
+        nodes: vec![node("n1", "8")],
+        pods: vec![
+            pod("low", None, "1", 0),
+            pod("high", None, "1", 100),
+            pod("mid", None, "1", 10),
+        ],
+        ..Default::default()
+    });
+    let order = |k: &ObjectKey| {
+        ["low", "high", "mid"]
+            .iter()
+            .position(|n| *n == k.name)
+            .unwrap()
+    };
+    assert_eq!(
+        e.pending_pods(&order, false),
+        [key("high"), key("mid"), key("low")]
+    );
+}
+
+#[test]
+fn assumed_devices_are_taken_until_forgotten() {
+    let mut e = engine(ClusterInput {
+        nodes: vec![node("n1", "8")],
+        classes: vec![class()],
+        slices: vec![gpus("n1", 2)],
+        claims: vec![claim("a"), claim("b"), claim("c")],
+        pods: vec![
+            pod("a", Some("a"), "1", 0),
+            pod("b", Some("b"), "1", 0),
+            pod("c", Some("c"), "1", 0),
+        ],
+        ..Default::default()
+    });
+    let a = e.schedule(&key("a"));
+    assert_eq!(devices(&a), ["n1/gpu-0"]);
+    let Decision::Scheduled(placement_a) = &a else {
+        unreachable!()
+    };
+    e.assume(placement_a);
+    let b = e.schedule(&key("b"));
+    assert_eq!(devices(&b), ["n1/gpu-1"]);
+    let Decision::Scheduled(placement_b) = &b else {
+        unreachable!()
+    };
+    e.assume(placement_b);
+    // Both GPUs are taken: c waits, and says so.
+    let c = e.schedule(&key("c"));
+    assert_eq!(
+        c.message(),
+        Some(
+            "0/1 nodes are available: 1 node: claim default/c request gpu (needs 1): \
+             2 in class gpu, 2 match the selectors, 2 in use, 0 available"
+        )
+    );
+    // a's write failed: its GPU is free again and its pod is pending again.
+    e.forget(placement_a);
+    assert!(
+        e.state().claims[&key("a")]
+            .status
+            .as_ref()
+            .unwrap()
+            .allocation
+            .is_none()
+    );
+    assert_eq!(
+        e.pending_pods(&|_| 0, false),
+        [key("a"), key("c")],
+        "ties go by name"
+    );
+    assert_eq!(devices(&e.schedule(&key("c"))), ["n1/gpu-0"]);
+}
+
+#[test]
+fn a_partly_used_node_is_preferred_so_whole_nodes_stay_free() {
+    let mut e = engine(ClusterInput {
+        nodes: vec![node("n1", "8"), node("n2", "8")],
+        classes: vec![class()],
+        slices: vec![gpus("n1", 2), gpus("n2", 2)],
+        claims: vec![claim("first"), claim("second")],
+        pods: vec![
+            pod("first", Some("first"), "1", 0),
+            pod("second", Some("second"), "1", 0),
+        ],
+        ..Default::default()
+    });
+    let first = e.schedule(&key("first"));
+    let Decision::Scheduled(p) = &first else {
+        panic!()
+    };
+    e.assume(p);
+    let first_node = p.node.clone();
+    // The second GPU pod packs next to the first instead of breaking into the empty node.
+    assert_eq!(e.schedule(&key("second")).node(), Some(first_node.as_str()));
+}
+
+#[test]
+fn reasons_are_grouped_across_nodes() {
+    let mut e = engine(ClusterInput {
+        nodes: vec![
+            node("small-1", "1"),
+            node("small-2", "1"),
+            node("big", "16"),
+        ],
+        classes: vec![class()],
+        slices: vec![gpus("small-1", 1)],
+        claims: vec![claim("c")],
+        pods: vec![pod("p", Some("c"), "4", 0)],
+        ..Default::default()
+    });
+    assert_eq!(
+        e.schedule(&key("p")).message(),
+        Some(
+            "0/3 nodes are available: 2 nodes: Insufficient cpu; 1 node: claim default/c request gpu \
+             (needs 1): 0 in class gpu, 0 match the selectors, 0 available"
+        )
+    );
+}
+
+#[test]
+fn an_allocated_claim_keeps_its_pods_on_the_devices_node() {
+    let mut allocated = claim("shared");
+    allocated.status = serde_json::from_value(json!({"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "n2", "device": "gpu-0"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["n2"]}]}]}}}))
+    .unwrap();
+    let mut e = engine(ClusterInput {
+        nodes: vec![node("n1", "8"), node("n2", "8")],
+        classes: vec![class()],
+        slices: vec![gpus("n1", 1), gpus("n2", 1)],
+        claims: vec![allocated],
+        pods: vec![pod("user", Some("shared"), "1", 0)],
+        ..Default::default()
+    });
+    let d = e.schedule(&key("user"));
+    assert_eq!(d.node(), Some("n2"));
+    let Decision::Scheduled(p) = &d else {
+        unreachable!()
+    };
+    assert!(
+        p.claims[0].allocation.is_none(),
+        "an allocated claim is not allocated again"
+    );
+    e.assume(p);
+    let reserved = e.state().claims[&key("shared")]
+        .status
+        .as_ref()
+        .unwrap()
+        .reserved_for
+        .clone()
+        .unwrap();
+    assert_eq!(reserved[0].name, "user");
+}
+
+#[test]
+fn a_missing_claim_keeps_the_pod_waiting() {
+    let mut e = engine(ClusterInput {
+        nodes: vec![node("n1", "8")],
+        pods: vec![pod("p", Some("not-there"), "1", 0)],
+        ..Default::default()
+    });
+    assert_eq!(
+        e.schedule(&key("p")).message(),
+        Some("ResourceClaim default/not-there not found")
+    );
+}
