@@ -96,7 +96,7 @@ pub use error::AllocError;
 pub use nodesel::{NodeSelectorError, node_matches};
 pub use outcome::{Allocation, Explanation, Limits, Outcome, Quality, RequestExplanation};
 pub use plan::{MAX_RESULTS_PER_CLAIM, MAX_SUBREQUESTS};
-pub use snapshot::{DeviceId, Features, Snapshot, SnapshotInput};
+pub use snapshot::{DeviceId, Features, SelectorCache, Snapshot, SnapshotInput};
 
 /// One pod's claims, checked and compiled against a snapshot; allocate them per node.
 #[derive(Debug)]

@@ -70,6 +70,8 @@ pub struct SnapshotInput {
     /// `status.allocation` of every allocated claim, plus in-flight (assumed) allocations.
     pub allocations: Vec<AllocationResult>,
     pub features: Features,
+    /// Reuse compiled selectors and their results from an earlier snapshot (same features).
+    pub selector_cache: Option<Arc<SelectorCache>>,
 }
 
 /// One capacity of a device with its request policy, parsed.
@@ -95,6 +97,8 @@ pub(crate) struct DeviceEntry {
     pub sig: u128,
     pub capacity: Vec<Capacity>,
     pub counters: Consumption,
+    /// Hash of what CEL sees of the device: the selector-result cache key.
+    pub cel_key: u64,
     /// Why the device cannot be used at all (e.g. an unparsable quantity).
     pub broken: Option<String>,
     /// What a request without `capacity` consumes (`Ok(None)`: it does not fit).
@@ -120,6 +124,35 @@ impl Usage {
 }
 
 const CACHE_SHARDS: usize = 16;
+/// Past this many remembered results a shard starts over (bounded memory).
+const CACHE_SHARD_LIMIT: usize = 1 << 18;
+
+/// Compiled selectors and their results per device, keyed by what CEL can see of a device
+/// (driver, attributes, capacity, allowMultipleAllocations), so identical devices share an
+/// entry and the cache survives snapshot rebuilds: pass the previous snapshot's
+/// [`Snapshot::selector_cache`] in [`SnapshotInput::selector_cache`].
+#[derive(Debug)]
+pub struct SelectorCache {
+    pub(crate) env: dra_cel::Environment,
+    options: bool,
+    expr_ids: RwLock<HashMap<String, u32>>,
+    results: Vec<RwLock<FxMap<(u32, u64), bool>>>,
+}
+
+impl SelectorCache {
+    pub fn new(list_type_attributes: bool) -> Self {
+        SelectorCache {
+            env: dra_cel::Environment::new(dra_cel::Options {
+                list_type_attributes,
+            }),
+            options: list_type_attributes,
+            expr_ids: RwLock::new(HashMap::new()),
+            results: (0..CACHE_SHARDS)
+                .map(|_| RwLock::new(FxMap::default()))
+                .collect(),
+        }
+    }
+}
 
 /// The allocator's view of the cluster. `Sync`: share it between threads; the only writes
 /// after construction are [`Snapshot::add_allocation`]/[`Snapshot::remove_allocation`]
@@ -127,7 +160,7 @@ const CACHE_SHARDS: usize = 16;
 #[derive(Debug)]
 pub struct Snapshot {
     pub(crate) features: Features,
-    pub(crate) env: dra_cel::Environment,
+    pub(crate) cache: Arc<SelectorCache>,
     classes: HashMap<String, DeviceClass>,
     pub(crate) slices: Vec<ResourceSlice>,
     pub(crate) devices: Vec<DeviceEntry>,
@@ -144,8 +177,6 @@ pub struct Snapshot {
     id_entries: HashMap<DeviceId, Vec<u32>>,
     /// Complete pools, built once: (driver, pool) → (generation, #slices, pool).
     pool_cache: Vec<Option<(i64, usize, Arc<PoolStatic>)>>,
-    expr_ids: RwLock<HashMap<String, u32>>,
-    sel_cache: Vec<RwLock<FxMap<(u32, u32), bool>>>,
 }
 
 fn hash_of<T: Hash + ?Sized>(salt: u64, v: &T) -> u64 {
@@ -179,6 +210,19 @@ fn signature(slice: &ResourceSlice, device: &Device, taints: &[DeviceTaint]) -> 
     ))
     .unwrap_or_default();
     (u128::from(hash_of(1, &text)) << 64) | u128::from(hash_of(2, &text))
+}
+
+/// What a CEL selector can see of a device, hashed (128 bits folded to 64 after mixing
+/// two independently keyed hashes, so accidental collisions are negligible).
+fn cel_key(driver: &str, device: &Device) -> u64 {
+    let text = serde_json::to_string(&(
+        driver,
+        &device.attributes,
+        &device.capacity,
+        device.allow_multiple_allocations.unwrap_or(false),
+    ))
+    .unwrap_or_default();
+    hash_of(3, &text) ^ hash_of(4, &text).rotate_left(32)
 }
 
 fn parse_q(
@@ -250,10 +294,11 @@ impl Snapshot {
             taint_rules,
             allocations,
             features,
+            selector_cache,
         } = input;
-        let env = dra_cel::Environment::new(dra_cel::Options {
-            list_type_attributes: features.list_type_attributes,
-        });
+        let cache = selector_cache
+            .filter(|c| c.options == features.list_type_attributes)
+            .unwrap_or_else(|| Arc::new(SelectorCache::new(features.list_type_attributes)));
         let mut devices = Vec::new();
         let mut slice_devices = Vec::with_capacity(slices.len());
         let mut node_slices: HashMap<String, Vec<u32>> = HashMap::new();
@@ -292,6 +337,7 @@ impl Snapshot {
                     unrequested,
                     numa,
                     sig: signature(slice, device, &taints),
+                    cel_key: cel_key(&spec.driver, device),
                     taints,
                     capacity,
                     counters,
@@ -327,7 +373,7 @@ impl Snapshot {
             .collect();
         let mut snapshot = Snapshot {
             features,
-            env,
+            cache,
             classes: classes
                 .into_iter()
                 .map(|c| (c.metadata.name.clone().unwrap_or_default(), c))
@@ -344,10 +390,6 @@ impl Snapshot {
             entry_usage: Vec::new(),
             id_entries: HashMap::new(),
             pool_cache: Vec::new(),
-            expr_ids: RwLock::new(HashMap::new()),
-            sel_cache: (0..CACHE_SHARDS)
-                .map(|_| RwLock::new(FxMap::default()))
-                .collect(),
         };
         snapshot.entry_usage = vec![None; snapshot.devices.len()];
         for entry in 0..snapshot.devices.len() as u32 {
@@ -469,29 +511,42 @@ impl Snapshot {
     }
 
     pub(crate) fn expr_id(&self, expression: &str) -> u32 {
-        if let Some(id) = self.expr_ids.read().expect("not poisoned").get(expression) {
+        let ids = &self.cache.expr_ids;
+        if let Some(id) = ids.read().expect("not poisoned").get(expression) {
             return *id;
         }
-        let mut ids = self.expr_ids.write().expect("not poisoned");
+        let mut ids = ids.write().expect("not poisoned");
         let next = ids.len() as u32;
         *ids.entry(expression.to_string()).or_insert(next)
     }
 
+    fn shard(&self, expr: u32, entry: u32) -> (&RwLock<FxMap<(u32, u64), bool>>, u64) {
+        let key = self.devices[entry as usize].cel_key;
+        let i = (key as usize ^ expr as usize) % CACHE_SHARDS;
+        (&self.cache.results[i], key)
+    }
+
     pub(crate) fn cached_selector(&self, expr: u32, entry: u32) -> Option<bool> {
-        let shard = &self.sel_cache[(entry as usize ^ expr as usize) % CACHE_SHARDS];
+        let (shard, key) = self.shard(expr, entry);
         shard
             .read()
             .expect("not poisoned")
-            .get(&(expr, entry))
+            .get(&(expr, key))
             .copied()
     }
 
     pub(crate) fn cache_selector(&self, expr: u32, entry: u32, matches: bool) {
-        let shard = &self.sel_cache[(entry as usize ^ expr as usize) % CACHE_SHARDS];
-        shard
-            .write()
-            .expect("not poisoned")
-            .insert((expr, entry), matches);
+        let (shard, key) = self.shard(expr, entry);
+        let mut map = shard.write().expect("not poisoned");
+        if map.len() >= CACHE_SHARD_LIMIT {
+            map.clear();
+        }
+        map.insert((expr, key), matches);
+    }
+
+    /// The compiled selectors and results, to hand to the next snapshot.
+    pub fn selector_cache(&self) -> Arc<SelectorCache> {
+        Arc::clone(&self.cache)
     }
 
     /// The pools a node sees, in upstream order, with their devices (see [`NodePools`]).

@@ -57,6 +57,7 @@ impl World {
             taint_rules: self.rules,
             allocations: self.allocated,
             features: Default::default(),
+            selector_cache: None,
         })
     }
 }
@@ -1215,4 +1216,43 @@ fn packing_keeps_whole_numa_domains_free() {
     assert_eq!(devices(packed, 0), ["r=gpu-4", "r=gpu-6"]);
     assert_eq!(packed.quality.numa_domains_broken, 0);
     assert_eq!(packed.quality.free_numa_domains_after, 1);
+}
+
+#[test]
+fn selector_results_survive_a_snapshot_rebuild() {
+    let first = two_drivers().snapshot();
+    let c = claim("c").request(
+        request("r", "gpu-only")
+            .selector(&format!("device.attributes[\"{GPU}\"].model == \"h100\"")),
+    );
+    assert_eq!(devices(&ok(&first, std::slice::from_ref(&c)), 0), ["r=g1"]);
+    let w = two_drivers();
+    let second = Snapshot::new(SnapshotInput {
+        classes: w.classes.into_iter().map(ClassBuilder::build).collect(),
+        slices: w.slices,
+        selector_cache: Some(first.selector_cache()),
+        ..Default::default()
+    });
+    assert!(std::sync::Arc::ptr_eq(
+        &first.selector_cache(),
+        &second.selector_cache()
+    ));
+    assert_eq!(
+        devices(&ok(&second, &[c]), 0),
+        ["r=g1"],
+        "same answer from cached results"
+    );
+    // A cache built for other CEL options is not reused.
+    let third = Snapshot::new(SnapshotInput {
+        selector_cache: Some(first.selector_cache()),
+        features: dra_allocator::Features {
+            list_type_attributes: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    assert!(!std::sync::Arc::ptr_eq(
+        &first.selector_cache(),
+        &third.selector_cache()
+    ));
 }

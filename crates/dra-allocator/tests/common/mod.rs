@@ -69,6 +69,7 @@ impl Case {
             taint_rules: self.taint_rules.clone(),
             allocations: self.allocations.clone(),
             features: Features::default(),
+            selector_cache: None,
         })
     }
 }
