@@ -124,6 +124,9 @@ impl Usage {
 }
 
 const CACHE_SHARDS: usize = 16;
+/// (expression id, CEL-visible device hash) → selected.
+type ResultShard = FxMap<(u32, u64), bool>;
+
 /// Past this many remembered results a shard starts over (bounded memory).
 const CACHE_SHARD_LIMIT: usize = 1 << 18;
 
@@ -136,7 +139,7 @@ pub struct SelectorCache {
     pub(crate) env: dra_cel::Environment,
     options: bool,
     expr_ids: RwLock<HashMap<String, u32>>,
-    results: Vec<RwLock<FxMap<(u32, u64), bool>>>,
+    results: Vec<RwLock<ResultShard>>,
 }
 
 impl SelectorCache {
@@ -520,7 +523,7 @@ impl Snapshot {
         *ids.entry(expression.to_string()).or_insert(next)
     }
 
-    fn shard(&self, expr: u32, entry: u32) -> (&RwLock<FxMap<(u32, u64), bool>>, u64) {
+    fn shard(&self, expr: u32, entry: u32) -> (&RwLock<ResultShard>, u64) {
         let key = self.devices[entry as usize].cel_key;
         let i = (key as usize ^ expr as usize) % CACHE_SHARDS;
         (&self.cache.results[i], key)
