@@ -295,11 +295,74 @@ fn parse_object(value: Value, source: &Source, into: &mut Manifests) -> Result<(
         e.object = Some(describe(&value));
         e
     })?;
+    if let Err(message) = validate(&object) {
+        return Err(error(message));
+    }
     into.objects.push(Loaded {
         source: source.clone(),
         object,
     });
     Ok(())
+}
+
+/// A DNS label (RFC 1123): what the API server requires of device and request names.
+fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+fn label(what: &str, path: &str, name: &str) -> Result<(), String> {
+    if is_dns_label(name) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{path}: invalid {what} {name:?}: must be a DNS label (lower case letters, digits and \
+             '-', at most 63 characters, starting and ending with a letter or digit)"
+        ))
+    }
+}
+
+/// The checks of the API server's validation that most often catch a hand-written manifest:
+/// names the API server would reject are rejected here too, so `simulate` never places a
+/// workload on objects that could not exist.
+fn validate(object: &Object) -> Result<(), String> {
+    let claim_spec = |spec: Option<&k8s_openapi::api::resource::v1::ResourceClaimSpec>,
+                      path: &str|
+     -> Result<(), String> {
+        let requests = spec
+            .and_then(|s| s.devices.as_ref())
+            .and_then(|d| d.requests.as_ref());
+        for (i, r) in requests.into_iter().flatten().enumerate() {
+            label(
+                "request name",
+                &format!("{path}.devices.requests[{i}].name"),
+                &r.name,
+            )?;
+            for (j, sub) in r.first_available.iter().flatten().enumerate() {
+                let at = format!("{path}.devices.requests[{i}].firstAvailable[{j}].name");
+                label("subrequest name", &at, &sub.name)?;
+            }
+        }
+        Ok(())
+    };
+    match object {
+        Object::ResourceSlice(slice) => {
+            for (i, d) in slice.spec.devices.iter().flatten().enumerate() {
+                label("device name", &format!("spec.devices[{i}].name"), &d.name)?;
+            }
+            Ok(())
+        }
+        Object::ResourceClaim(c) => claim_spec(c.spec.as_ref(), "spec"),
+        Object::ResourceClaimTemplate(t) => {
+            claim_spec(t.spec.as_ref().and_then(|s| s.spec.as_ref()), "spec.spec")
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Deserialize `value` as `T`, rejecting fields `T` does not have.
@@ -407,6 +470,24 @@ mod tests {
         assert!(
             err.to_string()
                 .contains("kind Deploymnet is not one simulate understands")
+        );
+    }
+
+    #[test]
+    fn device_names_the_api_server_would_reject_are_invalid_input() {
+        let err = parse(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: s}\n\
+             spec:\n  driver: gpu.example.com\n  nodeName: n1\n  \
+             pool: {name: n1, generation: 1, resourceSliceCount: 1}\n  \
+             devices: [{name: gpu-0}, {name: gpu-0-mig-1g.5gb}]\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "fleet.yaml (document 1): ResourceSlice s: spec.devices[1].name: invalid device \
+                 name \"gpu-0-mig-1g.5gb\": must be a DNS label"
+            ),
+            "{err}"
         );
     }
 

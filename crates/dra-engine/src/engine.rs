@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use dra_allocator::{AllocError, Allocator, Features, Outcome, Snapshot, SnapshotInput};
+use dra_allocator::{
+    AllocError, Allocator, Features, Outcome, SelectorCache, Snapshot, SnapshotInput,
+};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
     AllocationResult, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus,
@@ -107,6 +109,8 @@ pub struct Engine {
     /// The allocator's view, rebuilt when slices, classes or taint rules change and kept up
     /// to date with allocations in between.
     snapshot: Option<Arc<Snapshot>>,
+    /// Compiled selectors and their per-device results, kept across snapshot rebuilds.
+    selector_cache: Option<Arc<SelectorCache>>,
 }
 
 /// A node that passed or failed, with why.
@@ -140,6 +144,7 @@ impl Engine {
             config,
             state: ClusterState::new(input),
             snapshot: None,
+            selector_cache: None,
         }
     }
 
@@ -197,7 +202,9 @@ impl Engine {
             taint_rules: self.state.taint_rules.clone(),
             allocations,
             features: self.config.features.clone(),
+            selector_cache: self.selector_cache.clone(),
         }));
+        self.selector_cache = Some(snapshot.selector_cache());
         self.snapshot = Some(snapshot.clone());
         snapshot
     }
