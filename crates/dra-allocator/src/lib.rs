@@ -17,6 +17,14 @@
 //!   returns an [`Outcome`]: an [`Allocation`] (one `resource.k8s.io/v1` `AllocationResult`
 //!   per claim plus a [`Quality`] for scoring) or an [`Explanation`] with counts per request.
 //!
+//! The search is complete and tries devices in upstream's order (claims, requests,
+//! subrequests, pools by driver/name, slices by name, devices in slice order), so the first
+//! answer is the one Kubernetes would pick; pruning (counting bounds, matchAttribute supply,
+//! interchangeable devices tried once, failed states remembered) only skips what cannot
+//! succeed. [`Allocator::packing`] switches to best fit that keeps NUMA domains whole.
+//! Selector results are cached per snapshot by what CEL can see of a device; hand
+//! [`Snapshot::selector_cache`] to the next snapshot to keep them across rebuilds.
+//!
 //! ## Example
 //!
 //! ```
