@@ -18,11 +18,19 @@ pub(crate) enum Scalar {
 pub(crate) struct AttrValue {
     /// Set for a single value; `None` for a list.
     pub scalar: Option<Scalar>,
-    /// All values (one for a scalar).
+    /// The values of a list (empty for a scalar: see [`AttrValue::values`]).
     pub items: Vec<Scalar>,
 }
 
 impl AttrValue {
+    /// All values: the list, or the single scalar (no allocation either way).
+    pub fn values(&self) -> &[Scalar] {
+        match &self.scalar {
+            Some(s) => std::slice::from_ref(s),
+            None => &self.items,
+        }
+    }
+
     fn from_api(a: &DeviceAttribute) -> Option<AttrValue> {
         let scalar = if let Some(s) = &a.string {
             Some(Scalar::Str(s.clone()))
@@ -35,7 +43,7 @@ impl AttrValue {
         };
         if let Some(s) = scalar {
             return Some(AttrValue {
-                items: vec![s.clone()],
+                items: Vec::new(),
                 scalar: Some(s),
             });
         }
@@ -135,7 +143,7 @@ impl ConstraintState {
                 }
                 if lists {
                     let cur = intersections.last().expect("set when count > 0");
-                    v.items.iter().any(|x| cur.contains(x))
+                    v.values().iter().any(|x| cur.contains(x))
                 } else {
                     let first = first.as_ref().expect("set when count > 0");
                     v.scalar.is_some() && v.scalar == first.scalar
@@ -145,7 +153,7 @@ impl ConstraintState {
                 if lists {
                     values
                         .iter()
-                        .all(|o| !o.items.iter().any(|x| v.items.contains(x)))
+                        .all(|o| !o.values().iter().any(|x| v.values().contains(x)))
                 } else {
                     match &v.scalar {
                         None => values.is_empty(),
@@ -170,12 +178,12 @@ impl ConstraintState {
             } => {
                 if *count == 0 {
                     *first = Some(v.clone());
-                    intersections.push(v.items.clone());
+                    intersections.push(v.values().to_vec());
                 } else if lists {
                     let cur = intersections.last().expect("set");
                     let next = cur
                         .iter()
-                        .filter(|x| v.items.contains(x))
+                        .filter(|x| v.values().contains(x))
                         .cloned()
                         .collect();
                     intersections.push(next);
@@ -230,11 +238,7 @@ impl ConstraintState {
             }
             ConstraintState::Distinct { values } => {
                 let mut v = values.clone();
-                v.sort_by(|a, b| {
-                    a.items
-                        .cmp(&b.items)
-                        .then(a.scalar.is_some().cmp(&b.scalar.is_some()))
-                });
+                v.sort_by(|a, b| a.scalar.cmp(&b.scalar).then(a.items.cmp(&b.items)));
                 v
             }
         }
