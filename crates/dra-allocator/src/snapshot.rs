@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::core::v1::Node;
@@ -99,6 +100,10 @@ pub(crate) struct DeviceEntry {
     pub counters: Consumption,
     /// Hash of what CEL sees of the device: the selector-result cache key.
     pub cel_key: u64,
+    /// First-level selector cache for expression ids below 64: bit set in `sel_known` once
+    /// evaluated, the result in `sel_value`. Lock-free and next to the device's other data.
+    pub sel_known: AtomicU64,
+    pub sel_value: AtomicU64,
     /// Why the device cannot be used at all (e.g. an unparsable quantity).
     pub broken: Option<String>,
     /// What a request without `capacity` consumes (`Ok(None)`: it does not fit).
@@ -341,6 +346,8 @@ impl Snapshot {
                     numa,
                     sig: signature(slice, device, &taints),
                     cel_key: cel_key(&spec.driver, device),
+                    sel_known: AtomicU64::new(0),
+                    sel_value: AtomicU64::new(0),
                     taints,
                     capacity,
                     counters,
@@ -530,15 +537,34 @@ impl Snapshot {
     }
 
     pub(crate) fn cached_selector(&self, expr: u32, entry: u32) -> Option<bool> {
+        let e = &self.devices[entry as usize];
+        if expr < 64 && e.sel_known.load(Ordering::Acquire) & (1 << expr) != 0 {
+            return Some(e.sel_value.load(Ordering::Relaxed) & (1 << expr) != 0);
+        }
         let (shard, key) = self.shard(expr, entry);
-        shard
+        let hit = shard
             .read()
             .expect("not poisoned")
             .get(&(expr, key))
-            .copied()
+            .copied();
+        if let Some(b) = hit {
+            self.remember_here(expr, entry, b);
+        }
+        hit
+    }
+
+    fn remember_here(&self, expr: u32, entry: u32, matches: bool) {
+        if expr < 64 {
+            let e = &self.devices[entry as usize];
+            if matches {
+                e.sel_value.fetch_or(1 << expr, Ordering::Relaxed);
+            }
+            e.sel_known.fetch_or(1 << expr, Ordering::Release);
+        }
     }
 
     pub(crate) fn cache_selector(&self, expr: u32, entry: u32, matches: bool) {
+        self.remember_here(expr, entry, matches);
         let (shard, key) = self.shard(expr, entry);
         let mut map = shard.write().expect("not poisoned");
         if map.len() >= CACHE_SHARD_LIMIT {
