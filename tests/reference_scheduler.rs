@@ -4,7 +4,7 @@
 //! simulate chooses are accepted by the real API server as claim status.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use dra_scheduler::simulate;
@@ -94,12 +94,12 @@ fn kubectl(cluster: &TestCluster, args: &[&str]) -> String {
 
 /// Apply an example; ResourceClaims that come with a status get it written afterwards
 /// (the API server drops status on create).
-async fn apply(cluster: &TestCluster, client: &Client, dir: &PathBuf, namespace: &str) {
+async fn apply(cluster: &TestCluster, client: &Client, dir: &Path, namespace: &str) {
     kubectl(
         cluster,
         &["apply", "-n", namespace, "-f", dir.to_str().unwrap()],
     );
-    let input = simulate::load(&[dir.clone()]).expect("example loads");
+    let input = simulate::load(&[dir.to_path_buf()]).expect("example loads");
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace);
     for claim in input.claims.iter().filter(|c| c.status.is_some()) {
         let name = claim.metadata.name.clone().unwrap();
@@ -168,7 +168,7 @@ async fn kube_scheduler_and_simulate_place_the_same_pods() {
                 scheduler_name: "dra-scheduler".into(),
                 all_schedulers: false,
             },
-            simulate::load(&[dir.clone()]).unwrap(),
+            simulate::load(std::slice::from_ref(&dir)).unwrap(),
         );
         let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
         let reference = settle(&pods, sim.pods.len()).await;

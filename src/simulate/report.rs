@@ -116,7 +116,7 @@ pub fn table(sim: &Simulation) -> String {
         let name = format!("{}/{}", p.namespace, p.name);
         let node = p.node.as_deref().unwrap_or("PENDING");
         out.push_str(
-            &format!(
+            format!(
                 "{name:pod_width$}  {node:node_width$}  {}\n",
                 p.message.as_deref().unwrap_or("")
             )
@@ -161,7 +161,7 @@ pub fn table(sim: &Simulation) -> String {
             let users: Vec<&str> = c.reserved_for.iter().map(|r| r.name.as_str()).collect();
             let name = format!("{}/{}", c.namespace, c.name);
             out.push_str(
-                &format!("{name:claim_width$}  {devices:28}  {}\n", users.join(",")).trim_end(),
+                format!("{name:claim_width$}  {devices:28}  {}\n", users.join(",")).trim_end(),
             );
             out.push('\n');
         }
