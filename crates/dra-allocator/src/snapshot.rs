@@ -179,6 +179,8 @@ pub struct Snapshot {
     pool_keys: Vec<(String, String)>,
     pool_slices: Vec<Vec<u32>>,
     slice_pool: Vec<u32>,
+    /// Slices ignored because they use compatibility groups (feature off).
+    compat_slices: Vec<bool>,
     usage: HashMap<DeviceId, Usage>,
     /// Per device entry, its usage (several entries can share one DeviceId).
     entry_usage: Vec<Option<Usage>>,
@@ -313,6 +315,7 @@ impl Snapshot {
         let mut shared_slices = Vec::new();
         let mut pool_slices: HashMap<(String, String), Vec<u32>> = HashMap::new();
         let mut numa_ids: HashMap<crate::attr::AttrValue, u32> = HashMap::new();
+        let mut compat_slices: Vec<bool> = Vec::with_capacity(slices.len());
         for (si, slice) in slices.iter().enumerate() {
             let spec = &slice.spec;
             let start = devices.len() as u32;
@@ -355,6 +358,23 @@ impl Snapshot {
                 });
             }
             slice_devices.push((start, devices.len() as u32));
+            // DRADeviceCompatibilityGroups is off in 1.37: such slices are ignored (their pool
+            // then looks incomplete), as upstream does.
+            let uses_groups = spec.devices.iter().flatten().any(|d| {
+                d.consumes_counters.iter().flatten().any(|c| {
+                    c.compatibility_groups
+                        .as_ref()
+                        .is_some_and(|g| !g.is_empty())
+                })
+            });
+            compat_slices.push(uses_groups);
+            if uses_groups {
+                pool_slices
+                    .entry((spec.driver.clone(), spec.pool.name.clone()))
+                    .or_default()
+                    .push(si as u32);
+                continue;
+            }
             match spec.node_name.as_deref() {
                 Some(n) if !n.is_empty() => node_slices
                     .entry(n.to_string())
@@ -396,6 +416,7 @@ impl Snapshot {
             pool_keys,
             pool_slices,
             slice_pool,
+            compat_slices,
             usage: HashMap::new(),
             entry_usage: Vec::new(),
             id_entries: HashMap::new(),
@@ -419,7 +440,11 @@ impl Snapshot {
                 .iter()
                 .copied()
                 .filter(|&s| snapshot.slices[s as usize].spec.pool.generation == generation)
+                .filter(|&s| !snapshot.compat_slices[s as usize])
                 .collect();
+            if same.is_empty() {
+                continue;
+            }
             if same.len() as i64
                 != snapshot.slices[same[0] as usize]
                     .spec
@@ -667,6 +692,7 @@ impl Snapshot {
                     .iter()
                     .copied()
                     .filter(|&s| self.slices[s as usize].spec.pool.generation == generation)
+                    .filter(|&s| !self.compat_slices[s as usize])
                     .collect();
                 if same.len() as i64 != count {
                     pools.push(PoolInfo::broken(driver, pool, PoolState::Incomplete));

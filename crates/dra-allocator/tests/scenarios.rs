@@ -1256,3 +1256,27 @@ fn selector_results_survive_a_snapshot_rebuild() {
         &third.selector_cache()
     ));
 }
+
+#[test]
+fn slices_using_compatibility_groups_are_ignored_while_the_feature_is_off() {
+    let mut grouped = slice("s2", GPU)
+        .pool("p", 1, 2)
+        .node("n1")
+        .device(device("g1").consumes("cs", &[("mem", "1")]))
+        .build();
+    grouped.spec.devices.as_mut().unwrap()[0]
+        .consumes_counters
+        .as_mut()
+        .unwrap()[0]
+        .compatibility_groups = Some(vec!["mig".into()]);
+    let mut w = world().slice(
+        slice("s1", GPU)
+            .pool("p", 1, 2)
+            .node("n1")
+            .device(device("g0")),
+    );
+    w.slices.push(grouped);
+    let snap = w.snapshot();
+    let e = unfit(&snap, &[claim("c").request(request("r", "gpu"))]);
+    assert_eq!(e.incomplete_pools, ["gpu.example.com/p"], "{e}");
+}
