@@ -1280,3 +1280,24 @@ fn slices_using_compatibility_groups_are_ignored_while_the_feature_is_off() {
     let e = unfit(&snap, &[claim("c").request(request("r", "gpu"))]);
     assert_eq!(e.incomplete_pools, ["gpu.example.com/p"], "{e}");
 }
+
+#[test]
+fn one_allocator_serves_many_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<Snapshot>();
+    shareable::<Allocator<'static>>();
+    let snap = world().slice(gpus(2)).snapshot();
+    let c = claim("c").request(request("r", "gpu")).build();
+    let allocator = Allocator::new(&snap, &[&c]).unwrap();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| allocator.allocate(&n1()).unwrap()))
+            .collect();
+        for h in handles {
+            assert_eq!(
+                devices(h.join().unwrap().allocation().unwrap(), 0),
+                ["r=gpu-0"]
+            );
+        }
+    });
+}
