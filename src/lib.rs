@@ -1,6 +1,8 @@
-//! The `dra-scheduler` binary's library: `simulate` (manifests in, report out) and the
+//! The `dra-scheduler` binary's library: `run` (the live scheduler), `simulate`
+//! (manifests in, report out) and the
 //! fleet generator used by the 500-node example and the benchmarks. The decisions
 //! themselves live in `dra-engine`.
 
 pub mod fleet;
+pub mod run;
 pub mod simulate;

@@ -1,6 +1,6 @@
 //! `dra-scheduler`: a standalone Kubernetes scheduler built around Dynamic Resource Allocation.
 
-use dra_scheduler::{fleet, simulate};
+use dra_scheduler::{fleet, run, simulate};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,6 +20,9 @@ enum Command {
     /// Schedule the pending pods of a set of manifests, with no cluster, and report where
     /// each pod would go and which devices each claim would get.
     Simulate(SimulateArgs),
+    /// Run the scheduler against a cluster: pods with `schedulerName: dra-scheduler` get
+    /// devices allocated and are bound.
+    Run(run::config::RunArgs),
     /// Write a synthetic GPU fleet and workload as manifests, for trying `simulate` at scale.
     GenerateFleet(fleet::FleetSpec),
 }
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Simulate(args) => run_simulate(args),
+        Command::Run(args) => run_daemon(args),
         Command::GenerateFleet(spec) => {
             print!("{}", fleet::generate_yaml(&spec));
             ExitCode::SUCCESS
@@ -81,5 +85,36 @@ fn run_simulate(args: SimulateArgs) -> ExitCode {
         ExitCode::from(2)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+fn run_daemon(args: run::config::RunArgs) -> ExitCode {
+    let config = match run::config::Config::resolve(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if config.log_format == "json" {
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(run::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
     }
 }

@@ -707,3 +707,22 @@ fn group_reasons(total: usize, results: &[NodeResult]) -> String {
         .join("; ");
     format!("0/{total} nodes are available: {body}")
 }
+
+/// Updates from an informer. Pod changes leave the allocator's view alone; everything
+/// else goes through [`Engine::state_mut`], which rebuilds it on the next cycle.
+impl Engine {
+    pub fn upsert_pod(&mut self, pod: Pod) {
+        self.state.upsert_pod(pod);
+    }
+
+    pub fn remove_pod(&mut self, key: &ObjectKey) {
+        self.state.remove_pod(key);
+    }
+
+    /// Record `placement` in the state again after an update from the API server replaced
+    /// the objects it touched (their writes have not all landed yet).
+    pub fn reassert(&mut self, placement: &Placement) {
+        self.snapshot = None;
+        self.assume(placement);
+    }
+}

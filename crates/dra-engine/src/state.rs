@@ -196,3 +196,72 @@ impl ClusterState {
         }
     }
 }
+
+fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
+    meta.name.as_deref().unwrap_or_default()
+}
+
+/// Replace the object with the same name in `list`, or add it.
+fn upsert_named<T>(
+    list: &mut Vec<T>,
+    object: T,
+    meta: impl Fn(&T) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) {
+    let name = name_of(meta(&object)).to_string();
+    match list.iter_mut().find(|o| name_of(meta(o)) == name) {
+        Some(slot) => *slot = object,
+        None => list.push(object),
+    }
+}
+
+/// Incremental updates, as an informer delivers them. Callers that hold an allocator
+/// snapshot must rebuild it afterwards ([`crate::Engine::state_mut`] does).
+impl ClusterState {
+    /// Add or replace a node, keeping what its bound pods use.
+    pub fn upsert_node(&mut self, node: Node) {
+        let name = name_of(&node.metadata).to_string();
+        let mut info = NodeInfo::new(node);
+        for pod in self.pods.values() {
+            if bound_node(pod) == Some(name.as_str()) && !is_terminal(pod) {
+                info.add_pod(pod);
+            }
+        }
+        self.nodes.insert(name, info);
+    }
+
+    pub fn remove_node(&mut self, name: &str) {
+        self.nodes.remove(name);
+    }
+
+    pub fn upsert_claim(&mut self, claim: ResourceClaim) {
+        self.claims.insert(ObjectKey::of(&claim.metadata), claim);
+    }
+
+    pub fn remove_claim(&mut self, key: &ObjectKey) {
+        self.claims.remove(key);
+    }
+
+    pub fn upsert_class(&mut self, class: DeviceClass) {
+        upsert_named(&mut self.classes, class, |c| &c.metadata);
+    }
+
+    pub fn remove_class(&mut self, name: &str) {
+        self.classes.retain(|c| name_of(&c.metadata) != name);
+    }
+
+    pub fn upsert_slice(&mut self, slice: ResourceSlice) {
+        upsert_named(&mut self.slices, slice, |s| &s.metadata);
+    }
+
+    pub fn remove_slice(&mut self, name: &str) {
+        self.slices.retain(|s| name_of(&s.metadata) != name);
+    }
+
+    pub fn upsert_taint_rule(&mut self, rule: DeviceTaintRule) {
+        upsert_named(&mut self.taint_rules, rule, |r| &r.metadata);
+    }
+
+    pub fn remove_taint_rule(&mut self, name: &str) {
+        self.taint_rules.retain(|r| name_of(&r.metadata) != name);
+    }
+}

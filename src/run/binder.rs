@@ -1,0 +1,226 @@
+//! The binding cycle: the API writes that make one scheduling decision real, in the order
+//! kube-scheduler's DynamicResources plugin uses, and their undoing when one fails.
+//!
+//! Per claim: (1) a claim made for extended resources is created; (2) the finalizer
+//! `resource.kubernetes.io/delete-protection` is added (plain update, guarded by
+//! resourceVersion); (3) one status update sets `allocation` and adds the pod to
+//! `reservedFor`, retried on conflict with a fresh read and refused if someone else
+//! allocated the claim meanwhile. Then the pod is bound with `pods/binding`.
+
+use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimConsumerReference};
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+
+use dra_engine::{ClaimDecision, Placement};
+
+pub const FINALIZER: &str = "resource.kubernetes.io/delete-protection";
+const CONFLICT_RETRIES: usize = 5;
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} ({})", s.message, s.reason),
+        other => other.to_string(),
+    }
+}
+
+fn consumer(placement: &Placement) -> ResourceClaimConsumerReference {
+    ResourceClaimConsumerReference {
+        api_group: None,
+        resource: "pods".into(),
+        name: placement.pod.name.clone(),
+        uid: placement.pod_uid.clone().unwrap_or_default(),
+    }
+}
+
+/// Write one claim's part of the decision. Returns whether this call allocated it.
+async fn write_claim(
+    client: &Client,
+    placement: &Placement,
+    decision: &ClaimDecision,
+) -> Result<bool, String> {
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &decision.key.namespace);
+    let name = &decision.key.name;
+    if decision.create {
+        let mut claim = decision.claim.clone();
+        for owner in claim.metadata.owner_references.iter_mut().flatten() {
+            owner.uid = placement.pod_uid.clone().unwrap_or_default();
+        }
+        match api.create(&PostParams::default(), &claim).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => {
+                return Err(format!(
+                    "create ResourceClaim {}: {}",
+                    decision.key,
+                    describe(&e)
+                ));
+            }
+        }
+    }
+    let me = consumer(placement);
+    for _ in 0..CONFLICT_RETRIES {
+        let mut claim = api
+            .get(name)
+            .await
+            .map_err(|e| format!("read ResourceClaim {}: {}", decision.key, describe(&e)))?;
+        if claim.metadata.deletion_timestamp.is_some() {
+            return Err(format!("ResourceClaim {} is being deleted", decision.key));
+        }
+        let current = claim.status.as_ref().and_then(|s| s.allocation.clone());
+        if let Some(allocation) = &decision.allocation {
+            match &current {
+                Some(existing) if existing != allocation => {
+                    return Err(format!(
+                        "ResourceClaim {} was allocated by someone else meanwhile",
+                        decision.key
+                    ));
+                }
+                _ => {}
+            }
+            let finalizers = claim.metadata.finalizers.get_or_insert_with(Vec::new);
+            if !finalizers.iter().any(|f| f == FINALIZER) {
+                finalizers.push(FINALIZER.into());
+                claim = match api.replace(name, &PostParams::default(), &claim).await {
+                    Ok(c) => c,
+                    Err(e) if is_conflict(&e) => continue,
+                    Err(e) => {
+                        return Err(format!(
+                            "add finalizer to ResourceClaim {}: {}",
+                            decision.key,
+                            describe(&e)
+                        ));
+                    }
+                };
+            }
+        } else if current.is_none() {
+            return Err(format!(
+                "ResourceClaim {} is no longer allocated",
+                decision.key
+            ));
+        }
+        let status = claim.status.get_or_insert_with(Default::default);
+        if decision.allocation.is_some() && status.allocation.is_none() {
+            status.allocation = decision.allocation.clone();
+        }
+        let reserved = status.reserved_for.get_or_insert_with(Vec::new);
+        if !reserved
+            .iter()
+            .any(|r| r.resource == "pods" && r.name == me.name)
+        {
+            reserved.push(me.clone());
+        }
+        match api
+            .replace_status(name, &PostParams::default(), &claim)
+            .await
+        {
+            Ok(_) => return Ok(decision.allocation.is_some() && current.is_none()),
+            Err(e) if is_conflict(&e) => continue,
+            Err(e) => {
+                return Err(format!(
+                    "update status of ResourceClaim {}: {}",
+                    decision.key,
+                    describe(&e)
+                ));
+            }
+        }
+    }
+    Err(format!(
+        "ResourceClaim {} kept changing: {CONFLICT_RETRIES} conflicts",
+        decision.key
+    ))
+}
+
+/// Take the pod out of a claim's `reservedFor`, and give the devices back if this binding
+/// allocated them and nobody else uses the claim.
+async fn unwind_claim(
+    client: &Client,
+    placement: &Placement,
+    decision: &ClaimDecision,
+    allocated: bool,
+) {
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &decision.key.namespace);
+    for _ in 0..CONFLICT_RETRIES {
+        let Ok(mut claim) = api.get(&decision.key.name).await else {
+            return;
+        };
+        let status = claim.status.get_or_insert_with(Default::default);
+        if let Some(reserved) = status.reserved_for.as_mut() {
+            reserved.retain(|r| !(r.resource == "pods" && r.name == placement.pod.name));
+        }
+        if allocated && status.reserved_for.as_ref().is_none_or(Vec::is_empty) {
+            status.allocation = None;
+            status.reserved_for = None;
+        }
+        match api
+            .replace_status(&decision.key.name, &PostParams::default(), &claim)
+            .await
+        {
+            Ok(_) => return,
+            Err(e) if is_conflict(&e) => continue,
+            Err(e) => {
+                tracing::warn!(claim = %decision.key, error = %describe(&e), "could not unwind claim");
+                return;
+            }
+        }
+    }
+}
+
+/// Make `placement` real. On failure everything this call wrote is undone and the error
+/// names the object and the cause.
+pub async fn bind(client: &Client, placement: &Placement) -> Result<(), String> {
+    let mut written: Vec<(&ClaimDecision, bool)> = Vec::new();
+    let mut result = Ok(());
+    for decision in &placement.claims {
+        match write_claim(client, placement, decision).await {
+            Ok(allocated) => written.push((decision, allocated)),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    if result.is_ok() {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &placement.pod.namespace);
+        let binding = Binding {
+            metadata: ObjectMeta {
+                name: Some(placement.pod.name.clone()),
+                namespace: Some(placement.pod.namespace.clone()),
+                uid: placement.pod_uid.clone(),
+                ..Default::default()
+            },
+            target: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(placement.node.clone()),
+                ..Default::default()
+            },
+        };
+        if let Err(e) = pods
+            .create_subresource::<_, serde_json::Value>(
+                "binding",
+                &placement.pod.name,
+                &PostParams::default(),
+                &binding,
+            )
+            .await
+        {
+            result = Err(format!(
+                "bind pod {} to node {}: {}",
+                placement.pod,
+                placement.node,
+                describe(&e)
+            ));
+        }
+    }
+    if result.is_err() {
+        for (decision, allocated) in written {
+            unwind_claim(client, placement, decision, allocated).await;
+        }
+    }
+    result
+}

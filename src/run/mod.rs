@@ -1,0 +1,440 @@
+//! `dra-scheduler run`: the live scheduler. Informers feed the engine's state (one
+//! writer: this loop); pending pods of ours go through the scheduling queue and the engine;
+//! each decision is assumed at once and written by an asynchronous binding task
+//! ([`binder`]), at most `maxConcurrentBinds` at a time; a failed write is undone and the
+//! pod backs off.
+
+pub mod binder;
+pub mod config;
+pub mod metrics;
+pub mod queue;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use dra_engine::{ClusterInput, Decision, Engine, EngineConfig, ObjectKey, Placement};
+use futures::stream::{BoxStream, SelectAll, StreamExt};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use tokio::sync::{Semaphore, mpsc};
+
+use self::config::Config;
+use self::metrics::Metrics;
+use self::queue::SchedulingQueue;
+
+/// The kinds the scheduler watches; it schedules only once every one has synced.
+const KINDS: [&str; 6] = [
+    "Node",
+    "Pod",
+    "ResourceClaim",
+    "DeviceClass",
+    "ResourceSlice",
+    "DeviceTaintRule",
+];
+
+/// A change from one of the informers.
+// Each change is applied as soon as it arrives; boxing the large variants buys nothing.
+#[allow(clippy::large_enum_variant)]
+enum Change {
+    Node(Event<Node>),
+    Pod(Event<Pod>),
+    Claim(Event<ResourceClaim>),
+    Class(Event<DeviceClass>),
+    Slice(Event<ResourceSlice>),
+    TaintRule(Event<DeviceTaintRule>),
+    /// A watch failed; the stream backs off and re-lists by itself.
+    WatchError(&'static str, String),
+}
+
+fn watch<K, F>(client: &Client, kind: &'static str, wrap: F) -> BoxStream<'static, Change>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+    F: Fn(Event<K>) -> Change + Send + 'static,
+{
+    let api: Api<K> = Api::all(client.clone());
+    watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .map(move |r| match r {
+            Ok(e) => wrap(e),
+            Err(e) => Change::WatchError(kind, e.to_string()),
+        })
+        .boxed()
+}
+
+fn pod_priority(pod: &Pod) -> i32 {
+    pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
+}
+
+fn pod_reference(pod: &ObjectKey, uid: Option<&str>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(pod.name.clone()),
+        namespace: Some(pod.namespace.clone()),
+        uid: uid.map(str::to_string),
+        ..Default::default()
+    }
+}
+
+/// What a scheduling attempt tells the user: an event, and for failures the pod's
+/// `PodScheduled=False` condition with the engine's explanation.
+async fn report(
+    client: Client,
+    recorder: Arc<Recorder>,
+    pod: ObjectKey,
+    uid: Option<String>,
+    outcome: Result<String, String>,
+) {
+    let reference = pod_reference(&pod, uid.as_deref());
+    let (type_, reason, note) = match &outcome {
+        Ok(node) => (
+            EventType::Normal,
+            "Scheduled",
+            format!("Successfully assigned {pod} to {node}"),
+        ),
+        Err(message) => (EventType::Warning, "FailedScheduling", message.clone()),
+    };
+    let event = KubeEvent {
+        type_,
+        reason: reason.into(),
+        note: Some(note.clone()),
+        action: "Scheduling".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &reference).await {
+        tracing::warn!(%pod, error = %e, "could not publish event");
+    }
+    if outcome.is_err() {
+        let pods: Api<Pod> = Api::namespaced(client, &pod.namespace);
+        let patch = serde_json::json!({"status": {"conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": note,
+        }]}});
+        if let Err(e) = pods
+            .patch_status(&pod.name, &PatchParams::default(), &Patch::Strategic(patch))
+            .await
+        {
+            tracing::debug!(%pod, error = %e, "could not update the PodScheduled condition");
+        }
+    }
+}
+
+async fn client_for(config: &Config) -> anyhow::Result<Client> {
+    let kube_config = match &config.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("read kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
+        }
+        // In-cluster first, then KUBECONFIG, then ~/.kube/config.
+        None => kube::Config::infer()
+            .await
+            .context("no kubeconfig: not in a cluster, no KUBECONFIG, no ~/.kube/config")?,
+    };
+    Ok(Client::try_from(kube_config)?)
+}
+
+/// Run the scheduler until SIGTERM or Ctrl-C.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let client = client_for(&config).await?;
+    let metrics = Arc::new(Metrics::new()?);
+    let ready = Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::TcpListener::bind(&config.metrics_bind_address)
+        .await
+        .with_context(|| format!("listen on {}", config.metrics_bind_address))?;
+    tracing::info!(address = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
+    tokio::spawn(metrics::serve(listener, metrics.clone(), ready.clone()));
+
+    let mut engine = Engine::new(
+        EngineConfig {
+            scheduler_name: config.scheduler_name.clone(),
+            percentage_of_nodes_to_score: config.percentage_of_nodes_to_score,
+            ..Default::default()
+        },
+        ClusterInput::default(),
+    );
+    let mut queue = SchedulingQueue::default();
+    let mut changes: SelectAll<BoxStream<'static, Change>> = futures::stream::select_all([
+        watch(&client, "Node", Change::Node),
+        watch(&client, "Pod", Change::Pod),
+        watch(&client, "ResourceClaim", Change::Claim),
+        watch(&client, "DeviceClass", Change::Class),
+        watch(&client, "ResourceSlice", Change::Slice),
+        watch(&client, "DeviceTaintRule", Change::TaintRule),
+    ]);
+    let recorder = Arc::new(Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: config.scheduler_name.clone(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    ));
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Placement, Result<(), String>)>();
+    let binds = Arc::new(Semaphore::new(config.max_concurrent_binds.max(1)));
+    let mut in_flight: HashMap<ObjectKey, Placement> = HashMap::new();
+    let mut synced: HashSet<&'static str> = HashSet::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+
+    loop {
+        tokio::select! {
+            Some(change) = changes.next() => {
+                apply(&mut engine, &mut queue, &in_flight, &mut synced, change);
+            }
+            Some((placement, result)) = done_rx.recv() => {
+                in_flight.remove(&placement.pod);
+                metrics.in_flight.set(in_flight.len() as i64);
+                let uid = placement.pod_uid.clone();
+                match &result {
+                    Ok(()) => {
+                        queue.remove(&placement.pod);
+                        tokio::spawn(report(client.clone(), recorder.clone(), placement.pod.clone(), uid, Ok(placement.node.clone())));
+                    }
+                    Err(message) => {
+                        tracing::warn!(pod = %placement.pod, %message, "binding failed; undone, backing off");
+                        engine.forget(&placement);
+                        queue.backoff(&placement.pod, Instant::now());
+                        tokio::spawn(report(client.clone(), recorder.clone(), placement.pod.clone(), uid, Err(message.clone())));
+                    }
+                }
+            }
+            _ = tick.tick() => queue.flush_backoff(Instant::now()),
+            _ = &mut shutdown => {
+                tracing::info!("shutting down: no new pods; waiting for bindings in flight");
+                break;
+            }
+        }
+        if synced.len() < KINDS.len() {
+            continue;
+        }
+        ready.store(true, Ordering::Relaxed);
+        // A bounded batch, so informer updates keep flowing between decisions.
+        for _ in 0..64 {
+            let Some(key) = queue.pop() else { break };
+            if in_flight.contains_key(&key) {
+                continue;
+            }
+            let started = Instant::now();
+            let decision = engine.schedule(&key);
+            let elapsed = started.elapsed().as_secs_f64();
+            let uid = engine
+                .state()
+                .pods
+                .get(&key)
+                .and_then(|p| p.metadata.uid.clone());
+            match decision {
+                Decision::Scheduled(placement) => {
+                    metrics
+                        .attempts
+                        .with_label_values(&["scheduled"])
+                        .observe(elapsed);
+                    for _ in placement.claims.iter().filter(|c| c.allocation.is_some()) {
+                        metrics.allocation_latency.observe(elapsed);
+                    }
+                    engine.assume(&placement);
+                    in_flight.insert(key.clone(), placement.clone());
+                    metrics.in_flight.set(in_flight.len() as i64);
+                    let client = client.clone();
+                    let done = done_tx.clone();
+                    let binds = binds.clone();
+                    let metrics = metrics.clone();
+                    tokio::spawn(async move {
+                        let _permit = binds.acquire_owned().await;
+                        let started = Instant::now();
+                        let result = binder::bind(&client, &placement).await;
+                        metrics
+                            .bind_latency
+                            .with_label_values(&[if result.is_ok() { "ok" } else { "error" }])
+                            .observe(started.elapsed().as_secs_f64());
+                        let _ = done.send((placement, result));
+                    });
+                }
+                Decision::Unschedulable { pod, message } => {
+                    metrics
+                        .attempts
+                        .with_label_values(&["unschedulable"])
+                        .observe(elapsed);
+                    queue.unschedulable(&pod);
+                    tokio::spawn(report(
+                        client.clone(),
+                        recorder.clone(),
+                        pod,
+                        uid,
+                        Err(message),
+                    ));
+                }
+                Decision::Error { pod, message } => {
+                    metrics
+                        .attempts
+                        .with_label_values(&["error"])
+                        .observe(elapsed);
+                    queue.backoff(&pod, Instant::now());
+                    tokio::spawn(report(
+                        client.clone(),
+                        recorder.clone(),
+                        pod,
+                        uid,
+                        Err(message),
+                    ));
+                }
+            }
+        }
+        let (active, backoff, unschedulable) = queue.lengths();
+        metrics
+            .pending
+            .with_label_values(&["active"])
+            .set(active as i64);
+        metrics
+            .pending
+            .with_label_values(&["backoff"])
+            .set(backoff as i64);
+        metrics
+            .pending
+            .with_label_values(&["unschedulable"])
+            .set(unschedulable as i64);
+    }
+
+    // Graceful shutdown: let the bindings in flight finish (or undo themselves).
+    ready.store(false, Ordering::Relaxed);
+    let all = u32::try_from(config.max_concurrent_binds.max(1)).unwrap_or(u32::MAX);
+    let _ = tokio::time::timeout(Duration::from_secs(30), binds.acquire_many(all)).await;
+    Ok(())
+}
+
+fn apply(
+    engine: &mut Engine,
+    queue: &mut SchedulingQueue,
+    in_flight: &HashMap<ObjectKey, Placement>,
+    synced: &mut HashSet<&'static str>,
+    change: Change,
+) {
+    let mut touched_claims = false;
+    // Whether the change may free or add what an unschedulable pod lacked.
+    let mut changed = true;
+    match change {
+        Change::Pod(event) => match event {
+            Event::Apply(pod) | Event::InitApply(pod) => {
+                let key = ObjectKey::of(&pod.metadata);
+                let bound = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_ref())
+                    .is_some();
+                let terminal = dra_engine::state::is_terminal(&pod);
+                if bound || terminal || pod.metadata.deletion_timestamp.is_some() {
+                    queue.remove(&key);
+                } else if engine.is_ours(&pod) && !in_flight.contains_key(&key) {
+                    queue.add(key.clone(), pod_priority(&pod));
+                    queue.pod_updated(&key);
+                }
+                let was_bound = engine
+                    .state()
+                    .pods
+                    .get(&key)
+                    .is_some_and(|p| dra_engine::state::bound_node(p).is_some());
+                engine.upsert_pod(pod);
+                if let Some(p) = in_flight.get(&key) {
+                    engine.reassert(p);
+                }
+                // A bound pod that finished frees its node; other pod updates change nothing
+                // for the pods that wait.
+                changed = terminal && was_bound;
+            }
+            Event::Delete(pod) => {
+                let key = ObjectKey::of(&pod.metadata);
+                queue.remove(&key);
+                engine.remove_pod(&key);
+            }
+            Event::Init => changed = false,
+            Event::InitDone => {
+                synced.insert("Pod");
+            }
+        },
+        Change::Claim(event) => {
+            touched_claims = true;
+            match event {
+                Event::Apply(c) | Event::InitApply(c) => engine.state_mut().upsert_claim(c),
+                Event::Delete(c) => engine.state_mut().remove_claim(&ObjectKey::of(&c.metadata)),
+                Event::Init => {}
+                Event::InitDone => {
+                    synced.insert("ResourceClaim");
+                }
+            }
+        }
+        Change::Node(event) => match event {
+            Event::Apply(n) | Event::InitApply(n) => engine.state_mut().upsert_node(n),
+            Event::Delete(n) => engine
+                .state_mut()
+                .remove_node(n.metadata.name.as_deref().unwrap_or_default()),
+            Event::Init => {}
+            Event::InitDone => {
+                synced.insert("Node");
+            }
+        },
+        Change::Class(event) => match event {
+            Event::Apply(c) | Event::InitApply(c) => engine.state_mut().upsert_class(c),
+            Event::Delete(c) => engine
+                .state_mut()
+                .remove_class(c.metadata.name.as_deref().unwrap_or_default()),
+            Event::Init => {}
+            Event::InitDone => {
+                synced.insert("DeviceClass");
+            }
+        },
+        Change::Slice(event) => match event {
+            Event::Apply(s) | Event::InitApply(s) => engine.state_mut().upsert_slice(s),
+            Event::Delete(s) => engine
+                .state_mut()
+                .remove_slice(s.metadata.name.as_deref().unwrap_or_default()),
+            Event::Init => {}
+            Event::InitDone => {
+                synced.insert("ResourceSlice");
+            }
+        },
+        Change::TaintRule(event) => match event {
+            Event::Apply(r) | Event::InitApply(r) => engine.state_mut().upsert_taint_rule(r),
+            Event::Delete(r) => engine
+                .state_mut()
+                .remove_taint_rule(r.metadata.name.as_deref().unwrap_or_default()),
+            Event::Init => {}
+            Event::InitDone => {
+                synced.insert("DeviceTaintRule");
+            }
+        },
+        Change::WatchError(kind, message) => {
+            tracing::warn!(kind, %message, "watch failed; backing off and re-listing");
+            return;
+        }
+    }
+    if touched_claims {
+        // The API server's copy replaced what was assumed for bindings still in flight.
+        for placement in in_flight.values() {
+            engine.reassert(placement);
+        }
+    }
+    if changed {
+        queue.cluster_changed();
+    }
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

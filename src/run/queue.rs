@@ -1,0 +1,206 @@
+//! The scheduling queue: pods wait in one of three places, as in kube-scheduler.
+//! - active: ready to be tried, higher priority first, then the order they arrived;
+//! - backoff: tried and failed with an error, retried after an exponential, capped delay;
+//! - unschedulable: no node fits; retried only when a cluster event could change that
+//!   ([`SchedulingQueue::cluster_changed`]), not by polling.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use dra_engine::ObjectKey;
+
+const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Default)]
+pub struct SchedulingQueue {
+    active: BTreeSet<(Reverse<i32>, u64, ObjectKey)>,
+    /// Where each known pod is: its priority, arrival number and attempts so far.
+    pods: HashMap<ObjectKey, Entry>,
+    next: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    priority: i32,
+    arrival: u64,
+    attempts: u32,
+    place: Place,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Place {
+    Active,
+    Backoff(Instant),
+    Unschedulable,
+    InFlight,
+}
+
+impl SchedulingQueue {
+    /// A pending pod was seen; new pods go to the active queue, known ones stay put.
+    pub fn add(&mut self, key: ObjectKey, priority: i32) {
+        if self.pods.contains_key(&key) {
+            return;
+        }
+        let arrival = self.next;
+        self.next += 1;
+        self.active
+            .insert((Reverse(priority), arrival, key.clone()));
+        self.pods.insert(
+            key,
+            Entry {
+                priority,
+                arrival,
+                attempts: 0,
+                place: Place::Active,
+            },
+        );
+    }
+
+    /// The pod is gone or bound: forget it.
+    pub fn remove(&mut self, key: &ObjectKey) {
+        if let Some(e) = self.pods.remove(key) {
+            self.active
+                .remove(&(Reverse(e.priority), e.arrival, key.clone()));
+        }
+    }
+
+    /// The next pod to try; it stays known (in flight) until it is removed or requeued.
+    pub fn pop(&mut self) -> Option<ObjectKey> {
+        let (_, _, key) = self.active.pop_first()?;
+        if let Some(e) = self.pods.get_mut(&key) {
+            e.place = Place::InFlight;
+            e.attempts += 1;
+        }
+        Some(key)
+    }
+
+    /// No node fits: wait for a cluster event.
+    pub fn unschedulable(&mut self, key: &ObjectKey) {
+        if let Some(e) = self.pods.get_mut(key) {
+            e.place = Place::Unschedulable;
+        }
+    }
+
+    /// The attempt failed (an error, or a write that did not land): retry after a delay.
+    pub fn backoff(&mut self, key: &ObjectKey, now: Instant) {
+        if let Some(e) = self.pods.get_mut(key) {
+            let shift = e.attempts.saturating_sub(1).min(8);
+            let delay = (INITIAL_BACKOFF * 2u32.pow(shift)).min(MAX_BACKOFF);
+            e.place = Place::Backoff(now + delay);
+        }
+    }
+
+    /// The pod itself changed (e.g. its generated claims were recorded in its status): if it
+    /// waits as unschedulable, try it again.
+    pub fn pod_updated(&mut self, key: &ObjectKey) {
+        if let Some(e) = self.pods.get_mut(key)
+            && e.place == Place::Unschedulable
+        {
+            e.place = Place::Active;
+            self.active
+                .insert((Reverse(e.priority), e.arrival, key.clone()));
+        }
+    }
+
+    /// Something changed that could make unschedulable pods fit: try them again.
+    pub fn cluster_changed(&mut self) {
+        for (key, e) in self.pods.iter_mut() {
+            if e.place == Place::Unschedulable {
+                e.place = Place::Active;
+                self.active
+                    .insert((Reverse(e.priority), e.arrival, key.clone()));
+            }
+        }
+    }
+
+    /// Move pods whose backoff has expired to the active queue.
+    pub fn flush_backoff(&mut self, now: Instant) {
+        for (key, e) in self.pods.iter_mut() {
+            if let Place::Backoff(until) = e.place
+                && until <= now
+            {
+                e.place = Place::Active;
+                self.active
+                    .insert((Reverse(e.priority), e.arrival, key.clone()));
+            }
+        }
+    }
+
+    /// Pods per queue, for metrics: (active, backoff, unschedulable).
+    pub fn lengths(&self) -> (usize, usize, usize) {
+        let mut backoff = 0;
+        let mut unschedulable = 0;
+        for e in self.pods.values() {
+            match e.place {
+                Place::Backoff(_) => backoff += 1,
+                Place::Unschedulable => unschedulable += 1,
+                _ => {}
+            }
+        }
+        (self.active.len(), backoff, unschedulable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: &str) -> ObjectKey {
+        ObjectKey::new("default", n)
+    }
+
+    #[test]
+    fn priority_then_arrival() {
+        let mut q = SchedulingQueue::default();
+        q.add(key("a"), 0);
+        q.add(key("b"), 10);
+        q.add(key("c"), 0);
+        q.add(key("a"), 0); // seen again: no duplicate
+        assert_eq!(
+            [q.pop(), q.pop(), q.pop(), q.pop()],
+            [Some(key("b")), Some(key("a")), Some(key("c")), None]
+        );
+    }
+
+    #[test]
+    fn unschedulable_pods_wait_for_a_cluster_event() {
+        let mut q = SchedulingQueue::default();
+        q.add(key("a"), 0);
+        assert_eq!(q.pop(), Some(key("a")));
+        q.unschedulable(&key("a"));
+        q.flush_backoff(Instant::now() + Duration::from_secs(3600));
+        assert_eq!(q.pop(), None, "no polling");
+        assert_eq!(q.lengths(), (0, 0, 1));
+        q.cluster_changed();
+        assert_eq!(q.pop(), Some(key("a")));
+        q.unschedulable(&key("a"));
+        q.pod_updated(&key("a"));
+        assert_eq!(q.pop(), Some(key("a")), "its own update retries it");
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let mut q = SchedulingQueue::default();
+        let t0 = Instant::now();
+        q.add(key("a"), 0);
+        q.pop();
+        q.backoff(&key("a"), t0);
+        q.flush_backoff(t0 + Duration::from_millis(999));
+        assert_eq!(q.pop(), None);
+        q.flush_backoff(t0 + Duration::from_secs(1));
+        assert_eq!(q.pop(), Some(key("a")));
+        for _ in 0..10 {
+            q.backoff(&key("a"), t0);
+            q.flush_backoff(t0 + MAX_BACKOFF);
+            assert_eq!(q.pop(), Some(key("a")), "never more than {MAX_BACKOFF:?}");
+        }
+        q.backoff(&key("a"), t0);
+        q.flush_backoff(t0 + Duration::from_secs(9));
+        assert_eq!(q.pop(), None, "after many attempts the delay is the cap");
+        q.remove(&key("a"));
+        q.flush_backoff(t0 + MAX_BACKOFF);
+        assert_eq!(q.pop(), None);
+    }
+}
