@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use dra_engine::{ClusterInput, Decision, Engine, EngineConfig, ObjectKey, Placement};
+use dra_engine::{
+    ClusterInput, ClusterState, Decision, Engine, EngineConfig, ObjectKey, Placement,
+};
 use futures::stream::{BoxStream, SelectAll, StreamExt};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
@@ -374,46 +376,38 @@ fn apply(
                 }
             }
         }
-        Change::Node(event) => match event {
-            Event::Apply(n) | Event::InitApply(n) => engine.state_mut().upsert_node(n),
-            Event::Delete(n) => engine
-                .state_mut()
-                .remove_node(n.metadata.name.as_deref().unwrap_or_default()),
-            Event::Init => {}
-            Event::InitDone => {
-                synced.insert("Node");
-            }
-        },
-        Change::Class(event) => match event {
-            Event::Apply(c) | Event::InitApply(c) => engine.state_mut().upsert_class(c),
-            Event::Delete(c) => engine
-                .state_mut()
-                .remove_class(c.metadata.name.as_deref().unwrap_or_default()),
-            Event::Init => {}
-            Event::InitDone => {
-                synced.insert("DeviceClass");
-            }
-        },
-        Change::Slice(event) => match event {
-            Event::Apply(s) | Event::InitApply(s) => engine.state_mut().upsert_slice(s),
-            Event::Delete(s) => engine
-                .state_mut()
-                .remove_slice(s.metadata.name.as_deref().unwrap_or_default()),
-            Event::Init => {}
-            Event::InitDone => {
-                synced.insert("ResourceSlice");
-            }
-        },
-        Change::TaintRule(event) => match event {
-            Event::Apply(r) | Event::InitApply(r) => engine.state_mut().upsert_taint_rule(r),
-            Event::Delete(r) => engine
-                .state_mut()
-                .remove_taint_rule(r.metadata.name.as_deref().unwrap_or_default()),
-            Event::Init => {}
-            Event::InitDone => {
-                synced.insert("DeviceTaintRule");
-            }
-        },
+        Change::Node(event) => cluster_scoped(
+            engine,
+            synced,
+            "Node",
+            event,
+            ClusterState::upsert_node,
+            ClusterState::remove_node,
+        ),
+        Change::Class(event) => cluster_scoped(
+            engine,
+            synced,
+            "DeviceClass",
+            event,
+            ClusterState::upsert_class,
+            ClusterState::remove_class,
+        ),
+        Change::Slice(event) => cluster_scoped(
+            engine,
+            synced,
+            "ResourceSlice",
+            event,
+            ClusterState::upsert_slice,
+            ClusterState::remove_slice,
+        ),
+        Change::TaintRule(event) => cluster_scoped(
+            engine,
+            synced,
+            "DeviceTaintRule",
+            event,
+            ClusterState::upsert_taint_rule,
+            ClusterState::remove_taint_rule,
+        ),
         Change::WatchError(kind, message) => {
             tracing::warn!(kind, %message, "watch failed; backing off and re-listing");
             return;
@@ -427,6 +421,28 @@ fn apply(
     }
     if changed {
         queue.cluster_changed();
+    }
+}
+
+/// Apply a change to a cluster-scoped kind the state keeps by name.
+fn cluster_scoped<K: kube::Resource>(
+    engine: &mut Engine,
+    synced: &mut HashSet<&'static str>,
+    kind: &'static str,
+    event: Event<K>,
+    upsert: fn(&mut ClusterState, K),
+    remove: fn(&mut ClusterState, &str),
+) {
+    match event {
+        Event::Apply(o) | Event::InitApply(o) => upsert(engine.state_mut(), o),
+        Event::Delete(o) => remove(
+            engine.state_mut(),
+            o.meta().name.as_deref().unwrap_or_default(),
+        ),
+        Event::Init => {}
+        Event::InitDone => {
+            synced.insert(kind);
+        }
     }
 }
 
