@@ -8,7 +8,10 @@
 //! allocated the claim meanwhile. Then the pod is bound with `pods/binding`.
 
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimConsumerReference};
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, ResourceClaim, ResourceClaimConsumerReference,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 
@@ -25,6 +28,24 @@ fn describe(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(s) => format!("{} ({})", s.message, s.reason),
         other => other.to_string(),
+    }
+}
+
+/// Whether two allocations name the same devices and placement (the timestamp aside).
+fn same_devices(a: &AllocationResult, b: &AllocationResult) -> bool {
+    a.devices == b.devices && a.node_selector == b.node_selector
+}
+
+/// Kubernetes records when an allocation with binding conditions was made, so that a
+/// binding that never completes can time out: set `allocationTimestamp` for those.
+pub fn stamp_allocation(allocation: &mut AllocationResult, now: k8s_openapi::jiff::Timestamp) {
+    let waits = allocation
+        .devices
+        .iter()
+        .flat_map(|d| d.results.iter().flatten())
+        .any(|r| r.binding_conditions.as_ref().is_some_and(|c| !c.is_empty()));
+    if waits && allocation.allocation_timestamp.is_none() {
+        allocation.allocation_timestamp = Some(Time(now));
     }
 }
 
@@ -74,7 +95,7 @@ async fn write_claim(
         let current = claim.status.as_ref().and_then(|s| s.allocation.clone());
         if let Some(allocation) = &decision.allocation {
             match &current {
-                Some(existing) if existing != allocation => {
+                Some(existing) if !same_devices(existing, allocation) => {
                     return Err(format!(
                         "ResourceClaim {} was allocated by someone else meanwhile",
                         decision.key
@@ -104,8 +125,12 @@ async fn write_claim(
             ));
         }
         let status = claim.status.get_or_insert_with(Default::default);
-        if decision.allocation.is_some() && status.allocation.is_none() {
-            status.allocation = decision.allocation.clone();
+        if let Some(allocation) = &decision.allocation
+            && status.allocation.is_none()
+        {
+            let mut allocation = allocation.clone();
+            stamp_allocation(&mut allocation, k8s_openapi::jiff::Timestamp::now());
+            status.allocation = Some(allocation);
         }
         let reserved = status.reserved_for.get_or_insert_with(Vec::new);
         if !reserved
@@ -223,4 +248,31 @@ pub async fn bind(client: &Client, placement: &Placement) -> Result<(), String> 
         }
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allocation(conditions: Option<Vec<String>>) -> AllocationResult {
+        serde_json::from_value(serde_json::json!({"devices": {"results": [{
+            "request": "gpu", "driver": "gpu.example.com", "pool": "n1", "device": "gpu-0",
+            "bindingConditions": conditions, "bindingFailureConditions": conditions}]}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_allocations_with_binding_conditions_get_a_timestamp() {
+        let now: k8s_openapi::jiff::Timestamp = "2026-12-01T04:00:00Z".parse().unwrap();
+        let mut waits = allocation(Some(vec!["attached".into()]));
+        stamp_allocation(&mut waits, now);
+        assert_eq!(waits.allocation_timestamp, Some(Time(now)));
+        let mut plain = allocation(None);
+        stamp_allocation(&mut plain, now);
+        assert_eq!(plain.allocation_timestamp, None);
+        assert!(same_devices(
+            &waits,
+            &allocation(Some(vec!["attached".into()]))
+        ));
+    }
 }
