@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use dra_scheduler::simulate;
+use dra_scheduler::simulate::manifests::{self, Object};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{ListParams, ObjectMeta, PostParams};
@@ -81,35 +82,114 @@ fn group_of_simulated_pod(pod: &Pod, workloads: &[String]) -> String {
         .unwrap_or_else(|| interchangeable(pod))
 }
 
-fn kubectl(cluster: &TestCluster, args: &[&str]) -> String {
-    let out = cluster.kubectl().args(args).output().expect("run kubectl");
+fn kubectl_apply(cluster: &TestCluster, namespace: &str, object: &serde_json::Value) {
+    use std::io::Write;
+    let mut child = cluster
+        .kubectl()
+        .args(["apply", "-n", namespace, "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(object.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),
-        "kubectl {}: {}",
-        args.join(" "),
+        "kubectl apply: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Apply an example; ResourceClaims that come with a status get it written afterwards
-/// (the API server drops status on create).
-async fn apply(cluster: &TestCluster, client: &Client, dir: &Path, namespace: &str) {
-    kubectl(
-        cluster,
-        &["apply", "-n", namespace, "-f", dir.to_str().unwrap()],
-    );
-    let input = simulate::load(&[dir.to_path_buf()]).expect("example loads");
-    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace);
-    for claim in input.claims.iter().filter(|c| c.status.is_some()) {
-        let name = claim.metadata.name.clone().unwrap();
-        let mut current = claims.get(&name).await.unwrap();
-        current.status = claim.status.clone();
-        claims
-            .replace_status(&name, &PostParams::default(), &current)
-            .await
-            .unwrap_or_else(|e| panic!("status of claim {name}: {}", server_message(&e)));
+/// How many pods a document makes.
+fn pods_made_by(object: &Object) -> Option<usize> {
+    let n = |r: Option<i32>| r.unwrap_or(1).max(0) as usize;
+    match object {
+        Object::Pod(_) => Some(1),
+        Object::Deployment(d) => Some(n(d.spec.replicas)),
+        Object::ReplicaSet(r) => Some(n(r.spec.replicas)),
+        Object::StatefulSet(s) => Some(n(s.spec.replicas)),
+        Object::Job(j) => {
+            let spec = j.spec.clone().unwrap_or_default();
+            let parallelism = n(spec.parallelism);
+            Some(
+                spec.completions
+                    .map_or(parallelism, |c| parallelism.min(c.max(0) as usize)),
+            )
+        }
+        _ => None,
     }
+}
+
+fn as_json(object: &Object) -> serde_json::Value {
+    match object {
+        Object::Namespace(o) => serde_json::to_value(o),
+        Object::Node(o) => serde_json::to_value(o),
+        Object::Pod(o) => serde_json::to_value(o),
+        Object::Deployment(o) => serde_json::to_value(o),
+        Object::ReplicaSet(o) => serde_json::to_value(o),
+        Object::StatefulSet(o) => serde_json::to_value(o),
+        Object::Job(o) => serde_json::to_value(o),
+        Object::ResourceClaim(o) => serde_json::to_value(o),
+        Object::ResourceClaimTemplate(o) => serde_json::to_value(o),
+        Object::DeviceClass(o) => serde_json::to_value(o),
+        Object::ResourceSlice(o) => serde_json::to_value(o),
+        Object::DeviceTaintRule(o) => serde_json::to_value(o),
+        Object::PriorityClass(o) => serde_json::to_value(o),
+    }
+    .unwrap()
+}
+
+/// Apply an example the way simulate reads it: first everything that is not a workload
+/// (ResourceClaims that come with a status get it written afterwards: the API server
+/// drops status on create), then each workload in input order, waiting until
+/// kube-scheduler has decided its pods. So both schedulers see pods in the same order;
+/// otherwise the order in which kube-controller-manager creates claims decides which
+/// contended pod kube-scheduler tries first.
+async fn apply_in_order(
+    cluster: &TestCluster,
+    client: &Client,
+    dir: &Path,
+    namespace: &str,
+) -> Vec<Pod> {
+    let documents = manifests::load(&[dir.to_path_buf()])
+        .expect("example loads")
+        .objects;
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace);
+    for doc in documents
+        .iter()
+        .filter(|d| pods_made_by(&d.object).is_none())
+    {
+        kubectl_apply(cluster, namespace, &as_json(&doc.object));
+        if let Object::ResourceClaim(claim) = &doc.object
+            && claim.status.is_some()
+        {
+            let name = claim.metadata.name.clone().unwrap();
+            let mut current = claims.get(&name).await.unwrap();
+            current.status = claim.status.clone();
+            claims
+                .replace_status(&name, &PostParams::default(), &current)
+                .await
+                .unwrap_or_else(|e| panic!("status of claim {name}: {}", server_message(&e)));
+        }
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let mut expected = 0;
+    let mut decided = Vec::new();
+    for doc in &documents {
+        let Some(n) = pods_made_by(&doc.object) else {
+            continue;
+        };
+        kubectl_apply(cluster, namespace, &as_json(&doc.object));
+        expected += n;
+        decided = settle(&pods, expected).await;
+    }
+    decided
 }
 
 /// Wait until kube-scheduler has decided every pod (bound, or PodScheduled=False), then a
@@ -161,7 +241,7 @@ async fn kube_scheduler_and_simulate_place_the_same_pods() {
             .expect("kube-scheduler starts");
         let client = cluster.client().await;
         let dir = example(name);
-        apply(&cluster, &client, &dir, "default").await;
+        let reference = apply_in_order(&cluster, &client, &dir, "default").await;
 
         let sim = simulate::simulate(
             &simulate::Options {
@@ -170,8 +250,11 @@ async fn kube_scheduler_and_simulate_place_the_same_pods() {
             },
             simulate::load(std::slice::from_ref(&dir)).unwrap(),
         );
-        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-        let reference = settle(&pods, sim.pods.len()).await;
+        assert_eq!(
+            reference.len(),
+            sim.pods.len(),
+            "example {name}: pods in the cluster"
+        );
 
         let mut placed_by_reference: BTreeMap<String, usize> = BTreeMap::new();
         for pod in &reference {
