@@ -36,6 +36,11 @@ start=$(date +%s)
 tests/cluster/cluster.sh build
 echo "control plane ready in $(( $(date +%s) - start ))s at $(tests/cluster/cluster.sh bindir)"
 
+step "building helm (for the chart test)"
+start=$(date +%s)
+helm=$(tests/chart/build-helm.sh)
+echo "helm ready in $(( $(date +%s) - start ))s at $helm"
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
