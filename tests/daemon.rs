@@ -34,11 +34,16 @@ fn free_port() -> u16 {
 }
 
 fn start_scheduler(cluster: &TestCluster) -> Daemon {
+    start_scheduler_with(cluster, &[])
+}
+
+fn start_scheduler_with(cluster: &TestCluster, extra: &[&str]) -> Daemon {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_dra-scheduler"))
         .args(["run", "--kubeconfig"])
         .arg(cluster.kubeconfig_path())
         .args(["--metrics-bind-address", &format!("127.0.0.1:{port}")])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -187,6 +192,28 @@ async fn a5000_else_t10_then_metrics() {
         "process metrics"
     );
     assert_eq!(metric(&text, "dra_scheduler_bindings_in_flight"), 0.0);
+    assert_eq!(
+        metric(&text, "dra_scheduler_pod_scheduling_duration_seconds_count"),
+        2.0,
+        "queue to bound, per pod"
+    );
+    assert!(metric(&text, "dra_scheduler_allocator_search_steps_sum") >= 2.0);
+    assert_eq!(
+        metric(
+            &text,
+            "dra_scheduler_api_write_duration_seconds_count{resource=\"pods/binding\",verb=\"create\"}"
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "dra_scheduler_api_write_duration_seconds_count{resource=\"resourceclaims/status\",verb=\"update\"}"
+        ),
+        2.0,
+        "one status update per claim: allocation and reservedFor together"
+    );
+    assert_eq!(metric(&text, "dra_scheduler_leader"), 1.0);
     let ready = Command::new("curl")
         .args(["-sf", &format!("{}/readyz", daemon.metrics)])
         .output()
@@ -259,32 +286,26 @@ async fn one_claim_shared_by_four_pods() {
     assert_eq!(devices(&claim)[0].1, "gpu.nvidia.com/gpu-node-1/gpu-1");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn many_pods_compete_for_fewer_gpus_without_doubling() {
-    let cluster = TestCluster::dedicated();
-    let _daemon = start_scheduler(&cluster);
-    // 10 nodes x 4 GPUs = 40 GPUs for 60 one-GPU pods.
-    let dir = std::env::temp_dir().join(format!("compete-{}", std::process::id()));
+/// A fleet of `nodes` x `gpus` from `generate-fleet`, and a Deployment of `replicas` pods
+/// that each want one GPU.
+fn apply_fleet_and_burst(cluster: &TestCluster, nodes: usize, gpus: usize, replicas: usize) {
+    let dir = std::env::temp_dir().join(format!("burst-{}-{nodes}-{replicas}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_dra-scheduler"))
-        .args([
-            "generate-fleet",
-            "--nodes",
-            "10",
-            "--gpus",
-            "4",
-            "--pods",
-            "0",
-        ])
+        .args(["generate-fleet", "--nodes", &nodes.to_string()])
+        .args(["--gpus", &gpus.to_string(), "--pods", "0"])
         .output()
         .unwrap();
+    assert!(out.status.success());
     std::fs::write(dir.join("fleet.yaml"), &out.stdout).unwrap();
     std::fs::write(
         dir.join("workload.yaml"),
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: burst}\nspec:\n  replicas: 60\n  \
-         selector: {matchLabels: {app: burst}}\n  template:\n    metadata: {labels: {app: burst}}\n    \
-         spec:\n      schedulerName: dra-scheduler\n      resourceClaims: [{name: gpu, resourceClaimTemplateName: one-gpu}]\n      \
-         containers: [{name: c, image: busybox, resources: {claims: [{name: gpu}]}}]\n",
+        format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: burst}}\nspec:\n  replicas: {replicas}\n  \
+             selector: {{matchLabels: {{app: burst}}}}\n  template:\n    metadata: {{labels: {{app: burst}}}}\n    \
+             spec:\n      schedulerName: dra-scheduler\n      resourceClaims: [{{name: gpu, resourceClaimTemplateName: one-gpu}}]\n      \
+             containers: [{{name: c, image: busybox, resources: {{claims: [{{name: gpu}}]}}}}]\n"
+        ),
     )
     .unwrap();
     let out = cluster
@@ -299,20 +320,11 @@ async fn many_pods_compete_for_fewer_gpus_without_doubling() {
         String::from_utf8_lossy(&out.stderr)
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
 
-    let client = cluster.client().await;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    wait_bound(&pods, 40).await;
-    // Give the scheduler time to (wrongly) bind more.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let list = pods.list(&ListParams::default()).await.unwrap().items;
-    assert_eq!(list.len(), 60);
-    assert_eq!(
-        list.iter().filter(|p| node_of(p).is_some()).count(),
-        40,
-        "exactly as many pods as GPUs"
-    );
-    let claims = Api::<ResourceClaim>::namespaced(client, "default")
+/// Every allocated device appears once; returns how many there are.
+async fn assert_no_device_twice(client: &kube::Client) -> usize {
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), "default")
         .list(&ListParams::default())
         .await
         .unwrap()
@@ -323,7 +335,29 @@ async fn many_pods_compete_for_fewer_gpus_without_doubling() {
             assert!(seen.insert(device.clone()), "{device} is allocated twice");
         }
     }
-    assert_eq!(seen.len(), 40);
+    seen.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_pods_compete_for_a_hundred_gpus_without_doubling() {
+    let cluster = TestCluster::dedicated();
+    let _daemon = start_scheduler(&cluster);
+    // 20 nodes x 5 GPUs = 100 GPUs for 200 one-GPU pods.
+    apply_fleet_and_burst(&cluster, 20, 5, 200);
+
+    let client = cluster.client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    wait_bound(&pods, 100).await;
+    // Give the scheduler time to (wrongly) bind more.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let list = pods.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(list.len(), 200);
+    assert_eq!(
+        list.iter().filter(|p| node_of(p).is_some()).count(),
+        100,
+        "exactly as many pods as GPUs"
+    );
+    assert_eq!(assert_no_device_twice(&client).await, 100);
     // Every pending pod says why.
     let mut messages = Vec::new();
     for _ in 0..120 {
@@ -337,16 +371,241 @@ async fn many_pods_compete_for_fewer_gpus_without_doubling() {
                 cond.and_then(|c| c.message.clone()).unwrap_or_default()
             })
             .collect();
-        if messages.iter().all(|m| m.contains("4 in use, 0 available")) {
+        if messages.iter().all(|m| m.contains("5 in use, 0 available")) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    assert_eq!(messages.len(), 20);
+    assert_eq!(messages.len(), 100);
     for m in &messages {
         assert!(
-            m.contains("4 in use, 0 available"),
+            m.starts_with("0/20 nodes are available: 20 nodes: claim default/burst-")
+                && m.contains("5 in use, 0 available"),
             "pending pod says why: {m:?}"
         );
     }
+}
+
+async fn leader_of(daemon: &Daemon) -> Option<f64> {
+    scrape(&daemon.metrics)
+        .await
+        .map(|text| metric(&text, "dra_scheduler_leader"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_within_15_seconds_when_the_leader_dies() {
+    let cluster = TestCluster::dedicated();
+    let mut replicas = vec![start_scheduler(&cluster), start_scheduler(&cluster)];
+    let leader = eventually("exactly one leader", 60, || async {
+        let a = leader_of(&replicas[0]).await?;
+        let b = leader_of(&replicas[1]).await?;
+        match (a, b) {
+            (1.0, 0.0) => Some(0),
+            (0.0, 1.0) => Some(1),
+            _ => None,
+        }
+    })
+    .await;
+    apply(&cluster, &["examples/first-available"]);
+    let client = cluster.client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    wait_bound(&pods, 2).await;
+
+    // SIGKILL: the Lease is not released; the standby must wait for it to expire.
+    let dead = replicas.remove(leader);
+    drop(dead);
+    let killed = std::time::Instant::now();
+    let standby = &replicas[0];
+    eventually("the standby leads", 30, || async {
+        (leader_of(standby).await? == 1.0).then_some(())
+    })
+    .await;
+    let takeover = killed.elapsed();
+    eprintln!("takeover after {takeover:?}");
+    assert!(
+        takeover < Duration::from_secs(15),
+        "took over after {takeover:?}"
+    );
+
+    // It continues: a third replica gets the last T10, and no device is taken twice.
+    let out = cluster
+        .kubectl()
+        .args(["scale", "deployment/inference", "--replicas", "3"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let bound = wait_bound(&pods, 3).await;
+    assert!(bound.iter().all(|p| node_of(p) == Some("gpu-node-1")));
+    assert_eq!(assert_no_device_twice(&client).await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_scheduler_repeatedly_loses_and_doubles_nothing() {
+    let cluster = TestCluster::dedicated();
+    // 20 nodes x 8 GPUs = 160 GPUs for 300 one-GPU pods.
+    apply_fleet_and_burst(&cluster, 20, 8, 300);
+    let client = cluster.client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let bound_now = || async {
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|p| node_of(p).is_some())
+            .count()
+    };
+    // One replica, no Lease to wait for after each restart.
+    let args = ["--leader-elect=false"];
+    let mut daemon = start_scheduler_with(&cluster, &args);
+    let mut kills = 0;
+    let mut killed_while = Vec::new();
+    for delay_ms in [1500, 900, 2100, 700, 1300, 1800, 1100, 2500] {
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        drop(daemon); // SIGKILL, mid-flight
+        kills += 1;
+        killed_while.push(bound_now().await);
+        daemon = start_scheduler_with(&cluster, &args);
+    }
+    eprintln!("killed {kills} times, with {killed_while:?} pods bound");
+    assert!(
+        killed_while.iter().any(|&n| n > 0 && n < 160),
+        "at least one kill happened while pods were being scheduled: {killed_while:?}"
+    );
+    wait_bound(&pods, 160).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    drop(daemon);
+
+    let list = pods.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(list.len(), 300);
+    let bound: HashSet<String> = list
+        .iter()
+        .filter(|p| node_of(p).is_some())
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(bound.len(), 160, "every GPU used once, no pod more");
+    assert_eq!(assert_no_device_twice(&client).await, 160);
+    // Every allocated claim is used by a bound pod: nothing allocated for a pod that never
+    // got bound is left behind.
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let mut allocated = 0;
+    for claim in &claims {
+        let Some(status) = claim.status.as_ref().filter(|s| s.allocation.is_some()) else {
+            continue;
+        };
+        allocated += 1;
+        let users: Vec<&str> = status
+            .reserved_for
+            .iter()
+            .flatten()
+            .map(|r| r.name.as_str())
+            .collect();
+        assert!(
+            users.len() == 1 && bound.contains(users[0]),
+            "claim {:?} is allocated for {users:?}, not a bound pod",
+            claim.metadata.name
+        );
+    }
+    assert_eq!(allocated, 160);
+}
+
+/// Events about one object, as "reason: message".
+async fn events_about(client: &kube::Client, name: &str) -> Vec<String> {
+    Api::<Event>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_reported_on_its_pod_and_the_rest_is_scheduled() {
+    let cluster = TestCluster::dedicated();
+    let _daemon = start_scheduler(&cluster);
+    apply(&cluster, &["tests/data/live-bad-input/1-objects.yaml"]);
+    let out = cluster
+        .kubectl()
+        .args(["delete", "resourceclaim", "going", "--wait=false"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    apply(&cluster, &["tests/data/live-bad-input/2-pods.yaml"]);
+    let client = cluster.client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+
+    // The good pod is scheduled despite everything else.
+    let good = eventually("the good pod bound", 60, || async {
+        let pod = pods.get("good").await.ok()?;
+        node_of(&pod).map(str::to_string)
+    })
+    .await;
+    assert_eq!(good, "node-a");
+
+    let expect = |pod: &'static str, needle: &'static str| {
+        let client = client.clone();
+        async move {
+            eventually(&format!("event on {pod} with {needle:?}"), 60, || async {
+                events_about(&client, pod)
+                    .await
+                    .into_iter()
+                    .find(|e| e.starts_with("FailedScheduling: ") && e.contains(needle))
+            })
+            .await
+        }
+    };
+    // A class whose CEL fails at run time: the class and the cause are named.
+    let cel = expect("uses-broken-class", "class broken-gpu").await;
+    assert!(
+        cel.contains("no matching overload for 'startsWith' applied to 'int.(string)'"),
+        "{cel}"
+    );
+    // A claim naming a class that does not exist.
+    let missing = expect("uses-missing-class", "no-such-class").await;
+    assert!(missing.contains("not found"), "{missing}");
+    // A claim that is being deleted.
+    let deleting = expect("uses-deleted-claim", "ResourceClaim default/going").await;
+    assert!(deleting.contains("being deleted"), "{deleting}");
+    // A slice of a driver no class selects is ignored: the good pod got node-a's GPU.
+    let claim = Api::<ResourceClaim>::namespaced(client.clone(), "default")
+        .get("good-gpu")
+        .await
+        .unwrap();
+    assert_eq!(
+        devices(&claim),
+        [(
+            "gpu".to_string(),
+            "gpu.example.com/node-a/gpu-0".to_string()
+        )]
+    );
+    // Still alive and still scheduling: a pod added now is placed.
+    let out = cluster
+        .kubectl()
+        .args(["run", "late", "--image=busybox", "--restart=Never"])
+        .arg("--overrides={\"spec\":{\"schedulerName\":\"dra-scheduler\"}}")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let late = eventually("the late pod bound", 60, || async {
+        node_of(&pods.get("late").await.ok()?).map(str::to_string)
+    })
+    .await;
+    assert_eq!(late, "node-a");
 }

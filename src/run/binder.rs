@@ -15,7 +15,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 
-use dra_engine::{ClaimDecision, Placement};
+use dra_engine::{ClaimDecision, ObjectKey, Placement};
+
+use super::metrics::Metrics;
 
 pub const FINALIZER: &str = "resource.kubernetes.io/delete-protection";
 const CONFLICT_RETRIES: usize = 5;
@@ -58,12 +60,14 @@ fn consumer(placement: &Placement) -> ResourceClaimConsumerReference {
     }
 }
 
-/// Write one claim's part of the decision. Returns whether this call allocated it.
+/// Write one claim's part of the decision. Returns whether this call allocated it, and the
+/// claim as the API server stored it.
 async fn write_claim(
     client: &Client,
+    metrics: &Metrics,
     placement: &Placement,
     decision: &ClaimDecision,
-) -> Result<bool, String> {
+) -> Result<(bool, ResourceClaim), String> {
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &decision.key.namespace);
     let name = &decision.key.name;
     if decision.create {
@@ -71,7 +75,14 @@ async fn write_claim(
         for owner in claim.metadata.owner_references.iter_mut().flatten() {
             owner.uid = placement.pod_uid.clone().unwrap_or_default();
         }
-        match api.create(&PostParams::default(), &claim).await {
+        match metrics
+            .write(
+                "create",
+                "resourceclaims",
+                api.create(&PostParams::default(), &claim),
+            )
+            .await
+        {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => {
@@ -106,7 +117,14 @@ async fn write_claim(
             let finalizers = claim.metadata.finalizers.get_or_insert_with(Vec::new);
             if !finalizers.iter().any(|f| f == FINALIZER) {
                 finalizers.push(FINALIZER.into());
-                claim = match api.replace(name, &PostParams::default(), &claim).await {
+                claim = match metrics
+                    .write(
+                        "update",
+                        "resourceclaims",
+                        api.replace(name, &PostParams::default(), &claim),
+                    )
+                    .await
+                {
                     Ok(c) => c,
                     Err(e) if is_conflict(&e) => continue,
                     Err(e) => {
@@ -139,11 +157,17 @@ async fn write_claim(
         {
             reserved.push(me.clone());
         }
-        match api
-            .replace_status(name, &PostParams::default(), &claim)
+        match metrics
+            .write(
+                "update",
+                "resourceclaims/status",
+                api.replace_status(name, &PostParams::default(), &claim),
+            )
             .await
         {
-            Ok(_) => return Ok(decision.allocation.is_some() && current.is_none()),
+            Ok(stored) => {
+                return Ok((decision.allocation.is_some() && current.is_none(), stored));
+            }
             Err(e) if is_conflict(&e) => continue,
             Err(e) => {
                 return Err(format!(
@@ -164,6 +188,7 @@ async fn write_claim(
 /// allocated them and nobody else uses the claim.
 async fn unwind_claim(
     client: &Client,
+    metrics: &Metrics,
     placement: &Placement,
     decision: &ClaimDecision,
     allocated: bool,
@@ -181,8 +206,12 @@ async fn unwind_claim(
             status.allocation = None;
             status.reserved_for = None;
         }
-        match api
-            .replace_status(&decision.key.name, &PostParams::default(), &claim)
+        match metrics
+            .write(
+                "update",
+                "resourceclaims/status",
+                api.replace_status(&decision.key.name, &PostParams::default(), &claim),
+            )
             .await
         {
             Ok(_) => return,
@@ -195,14 +224,22 @@ async fn unwind_claim(
     }
 }
 
-/// Make `placement` real. On failure everything this call wrote is undone and the error
-/// names the object and the cause.
-pub async fn bind(client: &Client, placement: &Placement) -> Result<(), String> {
+/// Make `placement` real. Returns the claims as the API server stored them. On failure
+/// everything this call wrote is undone and the error names the object and the cause.
+pub async fn bind(
+    client: &Client,
+    metrics: &Metrics,
+    placement: &Placement,
+) -> Result<Vec<ResourceClaim>, String> {
     let mut written: Vec<(&ClaimDecision, bool)> = Vec::new();
+    let mut stored = Vec::new();
     let mut result = Ok(());
     for decision in &placement.claims {
-        match write_claim(client, placement, decision).await {
-            Ok(allocated) => written.push((decision, allocated)),
+        match write_claim(client, metrics, placement, decision).await {
+            Ok((allocated, claim)) => {
+                written.push((decision, allocated));
+                stored.push(claim);
+            }
             Err(e) => {
                 result = Err(e);
                 break;
@@ -225,29 +262,83 @@ pub async fn bind(client: &Client, placement: &Placement) -> Result<(), String> 
                 ..Default::default()
             },
         };
-        if let Err(e) = pods
-            .create_subresource::<_, serde_json::Value>(
-                "binding",
-                &placement.pod.name,
-                &PostParams::default(),
-                &binding,
+        if let Err(e) = metrics
+            .write(
+                "create",
+                "pods/binding",
+                pods.create_subresource::<_, serde_json::Value>(
+                    "binding",
+                    &placement.pod.name,
+                    &PostParams::default(),
+                    &binding,
+                ),
             )
             .await
         {
-            result = Err(format!(
-                "bind pod {} to node {}: {}",
-                placement.pod,
-                placement.node,
-                describe(&e)
-            ));
+            // A binding that landed although its answer was lost, or a retry of one: the
+            // pod is already on this node, which is success.
+            let already_here = is_conflict(&e)
+                && pods.get(&placement.pod.name).await.is_ok_and(|pod| {
+                    pod.spec.and_then(|s| s.node_name).as_deref() == Some(placement.node.as_str())
+                });
+            if !already_here {
+                result = Err(format!(
+                    "bind pod {} to node {}: {}",
+                    placement.pod,
+                    placement.node,
+                    describe(&e)
+                ));
+            }
         }
     }
     if result.is_err() {
         for (decision, allocated) in written {
-            unwind_claim(client, placement, decision, allocated).await;
+            unwind_claim(client, metrics, placement, decision, allocated).await;
         }
     }
-    result
+    result.map(|()| stored)
+}
+
+/// Give back a claim allocated for `pod_uid` that the pod cannot use where it is allocated
+/// (kube-scheduler's PostFilter): clear its allocation and reservations, guarded by
+/// resourceVersion so that a claim someone started using meanwhile is left alone.
+pub async fn release_claim(
+    client: &Client,
+    metrics: &Metrics,
+    claim: &ObjectKey,
+    pod_uid: &str,
+) -> Result<bool, String> {
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &claim.namespace);
+    let mut current = match api.get(&claim.name).await {
+        Ok(c) => c,
+        Err(e) => return Err(format!("read ResourceClaim {claim}: {}", describe(&e))),
+    };
+    let Some(status) = current.status.as_mut() else {
+        return Ok(false);
+    };
+    let reserved = status.reserved_for.as_deref().unwrap_or_default();
+    let only_this_pod = reserved.is_empty() || (reserved.len() == 1 && reserved[0].uid == pod_uid);
+    if status.allocation.is_none() || !only_this_pod {
+        return Ok(false);
+    }
+    status.allocation = None;
+    status.reserved_for = None;
+    status.devices = None;
+    match metrics
+        .write(
+            "update",
+            "resourceclaims/status",
+            api.replace_status(&claim.name, &PostParams::default(), &current),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(e) if is_conflict(&e) => Ok(false),
+        Err(e) => Err(format!(
+            "deallocate ResourceClaim {claim}: {}",
+            describe(&e)
+        )),
+    }
 }
 
 #[cfg(test)]

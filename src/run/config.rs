@@ -15,7 +15,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub scheduler_name: Option<String>,
     /// A YAML file with any of: schedulerName, kubeconfig, logFormat, metricsBindAddress,
-    /// percentageOfNodesToScore, maxConcurrentBinds.
+    /// percentageOfNodesToScore, maxConcurrentBinds, leaderElection {leaderElect, leaseName,
+    /// leaseNamespace, leaseDurationSeconds}.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Log format.
@@ -30,6 +31,19 @@ pub struct RunArgs {
     /// Bindings (claim writes + pod binding) in flight at once [default: 16].
     #[arg(long)]
     pub max_concurrent_binds: Option<usize>,
+    /// Run several replicas, one scheduling at a time, elected with a Lease [default: true].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub leader_elect: Option<bool>,
+    /// The Lease's name [default: the scheduler name].
+    #[arg(long)]
+    pub lease_name: Option<String>,
+    /// The Lease's namespace [default: kube-system].
+    #[arg(long)]
+    pub lease_namespace: Option<String>,
+    /// How long a leader holds the Lease without renewing it; a standby takes over at most
+    /// this long after the leader dies [default: 10].
+    #[arg(long)]
+    pub lease_duration_seconds: Option<u64>,
 }
 
 /// The config file; unknown keys are an error naming the key.
@@ -42,6 +56,25 @@ struct File {
     metrics_bind_address: Option<String>,
     percentage_of_nodes_to_score: Option<u32>,
     max_concurrent_binds: Option<usize>,
+    #[serde(default)]
+    leader_election: LeaderElectionFile,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct LeaderElectionFile {
+    leader_elect: Option<bool>,
+    lease_name: Option<String>,
+    lease_namespace: Option<String>,
+    lease_duration_seconds: Option<u64>,
+}
+
+/// Leader election: one replica schedules, the others keep their caches warm and wait.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaderElection {
+    pub lease_name: String,
+    pub lease_namespace: String,
+    pub lease_duration_seconds: u64,
 }
 
 /// The settings in force.
@@ -53,6 +86,8 @@ pub struct Config {
     pub metrics_bind_address: String,
     pub percentage_of_nodes_to_score: u32,
     pub max_concurrent_binds: usize,
+    /// `None` when leader election is off: this replica schedules alone.
+    pub leader_election: Option<LeaderElection>,
 }
 
 impl Config {
@@ -72,11 +107,37 @@ impl Config {
         if log_format != "text" && log_format != "json" {
             return Err(format!("logFormat {log_format:?}: must be text or json"));
         }
+        let scheduler_name = args
+            .scheduler_name
+            .or(file.scheduler_name)
+            .unwrap_or_else(|| "dra-scheduler".into());
+        let election = file.leader_election;
+        let leader_election = if args.leader_elect.or(election.leader_elect).unwrap_or(true) {
+            let lease_duration_seconds = args
+                .lease_duration_seconds
+                .or(election.lease_duration_seconds)
+                .unwrap_or(10);
+            if lease_duration_seconds < 2 {
+                return Err(format!(
+                    "leaseDurationSeconds {lease_duration_seconds}: must be at least 2"
+                ));
+            }
+            Some(LeaderElection {
+                lease_name: args
+                    .lease_name
+                    .or(election.lease_name)
+                    .unwrap_or_else(|| scheduler_name.clone()),
+                lease_namespace: args
+                    .lease_namespace
+                    .or(election.lease_namespace)
+                    .unwrap_or_else(|| "kube-system".into()),
+                lease_duration_seconds,
+            })
+        } else {
+            None
+        };
         Ok(Config {
-            scheduler_name: args
-                .scheduler_name
-                .or(file.scheduler_name)
-                .unwrap_or_else(|| "dra-scheduler".into()),
+            scheduler_name,
             kubeconfig: args.kubeconfig.or(file.kubeconfig),
             log_format,
             metrics_bind_address: args
@@ -91,6 +152,7 @@ impl Config {
                 .max_concurrent_binds
                 .or(file.max_concurrent_binds)
                 .unwrap_or(16),
+            leader_election,
         })
     }
 }
@@ -119,6 +181,41 @@ mod tests {
         assert_eq!(config.max_concurrent_binds, 8);
         assert_eq!(config.log_format, "json");
         assert_eq!(config.metrics_bind_address, "0.0.0.0:10261");
+        assert_eq!(
+            config.leader_election,
+            Some(LeaderElection {
+                lease_name: "gpu-scheduler".into(),
+                lease_namespace: "kube-system".into(),
+                lease_duration_seconds: 10,
+            }),
+            "on by default, the lease named after the scheduler"
+        );
+
+        std::fs::write(
+            &path,
+            "leaderElection:\n  leaderElect: true\n  leaseNamespace: dra\n  leaseDurationSeconds: 15\n",
+        )
+        .unwrap();
+        let config = Config::resolve(RunArgs {
+            config: Some(path.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        let election = config.leader_election.unwrap();
+        assert_eq!(
+            (
+                election.lease_namespace.as_str(),
+                election.lease_duration_seconds
+            ),
+            ("dra", 15)
+        );
+        let off = Config::resolve(RunArgs {
+            config: Some(path.clone()),
+            leader_elect: Some(false),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(off.leader_election, None, "the flag wins");
 
         std::fs::write(&path, "schedulerNmae: typo\n").unwrap();
         let err = Config::resolve(RunArgs {

@@ -8,7 +8,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 pub struct Metrics {
@@ -23,6 +24,16 @@ pub struct Metrics {
     pub pending: IntGaugeVec,
     /// Decisions assumed whose writes have not finished.
     pub in_flight: IntGauge,
+    /// From the pod entering the queue to its binding, in seconds.
+    pub pod_scheduling: prometheus::Histogram,
+    /// Allocator search steps (requests and devices tried) per scheduling attempt.
+    pub search_steps: prometheus::Histogram,
+    /// API writes by verb and resource, in seconds.
+    pub api_writes: HistogramVec,
+    /// Failed API writes by verb, resource and HTTP code (0: no answer).
+    pub api_errors: IntCounterVec,
+    /// 1 while this replica is the leader (or runs without leader election).
+    pub leader: IntGauge,
 }
 
 fn buckets() -> Vec<f64> {
@@ -63,6 +74,44 @@ impl Metrics {
             "bindings_in_flight",
             "Decisions whose writes have not finished",
         )?;
+        let pod_scheduling = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "pod_scheduling_duration_seconds",
+                "From a pod entering the queue to its binding",
+            )
+            .buckets(prometheus::exponential_buckets(0.001, 2.0, 18)?),
+        )?;
+        let search_steps = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "allocator_search_steps",
+                "Allocator search effort per scheduling attempt: requests and devices tried, all nodes",
+            )
+            .buckets(prometheus::exponential_buckets(1.0, 4.0, 14)?),
+        )?;
+        let api_writes = HistogramVec::new(
+            HistogramOpts::new(
+                "api_write_duration_seconds",
+                "API writes by verb and resource",
+            )
+            .buckets(buckets()),
+            &["verb", "resource"],
+        )?;
+        let api_errors = IntCounterVec::new(
+            Opts::new(
+                "api_write_errors_total",
+                "Failed API writes by verb, resource and HTTP code",
+            ),
+            &["verb", "resource", "code"],
+        )?;
+        let leader = IntGauge::new(
+            "leader",
+            "1 while this replica is the leader (or runs without leader election)",
+        )?;
+        registry.register(Box::new(pod_scheduling.clone()))?;
+        registry.register(Box::new(search_steps.clone()))?;
+        registry.register(Box::new(api_writes.clone()))?;
+        registry.register(Box::new(api_errors.clone()))?;
+        registry.register(Box::new(leader.clone()))?;
         registry.register(Box::new(allocation_latency.clone()))?;
         registry.register(Box::new(attempts.clone()))?;
         registry.register(Box::new(bind_latency.clone()))?;
@@ -78,7 +127,36 @@ impl Metrics {
             bind_latency,
             pending,
             in_flight,
+            pod_scheduling,
+            search_steps,
+            api_writes,
+            api_errors,
+            leader,
         })
+    }
+
+    /// Time one API write and count it if it fails.
+    pub async fn write<T>(
+        &self,
+        verb: &str,
+        resource: &str,
+        call: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        let started = std::time::Instant::now();
+        let result = call.await;
+        self.api_writes
+            .with_label_values(&[verb, resource])
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            let code = match e {
+                kube::Error::Api(s) => s.code.to_string(),
+                _ => "0".into(),
+            };
+            self.api_errors
+                .with_label_values(&[verb, resource, &code])
+                .inc();
+        }
+        result
     }
 
     pub fn render(&self) -> String {

@@ -26,7 +26,8 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
-use tokio::sync::{Semaphore, mpsc};
+use kube_lease_manager::LeaseManagerBuilder;
+use tokio::sync::{Semaphore, mpsc, watch as signal};
 
 use self::config::Config;
 use self::metrics::Metrics;
@@ -95,6 +96,7 @@ fn pod_reference(pod: &ObjectKey, uid: Option<&str>) -> ObjectReference {
 /// `PodScheduled=False` condition with the engine's explanation.
 async fn report(
     client: Client,
+    metrics: Arc<Metrics>,
     recorder: Arc<Recorder>,
     pod: ObjectKey,
     uid: Option<String>,
@@ -116,7 +118,10 @@ async fn report(
         action: "Scheduling".into(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&event, &reference).await {
+    if let Err(e) = metrics
+        .write("create", "events", recorder.publish(&event, &reference))
+        .await
+    {
         tracing::warn!(%pod, error = %e, "could not publish event");
     }
     if outcome.is_err() {
@@ -124,12 +129,48 @@ async fn report(
         let patch = serde_json::json!({"status": {"conditions": [{
             "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": note,
         }]}});
-        if let Err(e) = pods
-            .patch_status(&pod.name, &PatchParams::default(), &Patch::Strategic(patch))
+        if let Err(e) = metrics
+            .write(
+                "patch",
+                "pods/status",
+                pods.patch_status(&pod.name, &PatchParams::default(), &Patch::Strategic(patch)),
+            )
             .await
         {
             tracing::debug!(%pod, error = %e, "could not update the PodScheduled condition");
         }
+    }
+}
+
+/// Who this replica is, in the Lease: the pod name (or host name) and something unique
+/// to this process, so a restarted replica is a new holder.
+fn identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .unwrap_or_else(|| "dra-scheduler".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{host}_{}_{nanos:x}", std::process::id())
+}
+
+/// The next change of leadership; never, when leader election is off. `None` when the
+/// election task stopped.
+async fn leadership_change(rx: &mut Option<signal::Receiver<bool>>) -> Option<bool> {
+    match rx {
+        Some(rx) => match rx.changed().await {
+            Ok(()) => Some(*rx.borrow_and_update()),
+            Err(_) => None,
+        },
+        None => std::future::pending().await,
     }
 }
 
@@ -183,9 +224,48 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             instance: std::env::var("POD_NAME").ok(),
         },
     ));
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Placement, Result<(), String>)>();
+    type Done = (
+        Placement,
+        Option<Instant>,
+        Result<Vec<ResourceClaim>, String>,
+    );
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
     let binds = Arc::new(Semaphore::new(config.max_concurrent_binds.max(1)));
     let mut in_flight: HashMap<ObjectKey, Placement> = HashMap::new();
+    // Bound pods whose binding the pod informer has not shown yet: until it does, an older
+    // event must not make them pending again.
+    let mut confirming: HashMap<ObjectKey, Placement> = HashMap::new();
+    // The last failure told each pending pod: the same message is not written again.
+    let mut told: HashMap<ObjectKey, String> = HashMap::new();
+
+    // Leader election: every replica keeps its caches warm; only the leader takes pods
+    // from the queue. A standby that takes over has never assumed anything, so its state
+    // is what the API server says (claim status is the source of truth).
+    let mut leading = config.leader_election.is_none();
+    let mut election = None;
+    let mut leader_rx = None;
+    if let Some(le) = &config.leader_election {
+        let identity = identity();
+        let manager = LeaseManagerBuilder::new(client.clone(), &le.lease_name)
+            .with_namespace(&le.lease_namespace)
+            .with_identity(&identity)
+            .with_duration(le.lease_duration_seconds)
+            .with_grace((le.lease_duration_seconds / 3).max(1))
+            .build()
+            .await
+            .with_context(|| {
+                format!(
+                    "leader election: Lease {}/{}",
+                    le.lease_namespace, le.lease_name
+                )
+            })?;
+        tracing::info!(%identity, lease = %format!("{}/{}", le.lease_namespace, le.lease_name), "waiting to become the leader");
+        let (rx, task) = manager.watch().await;
+        leading = *rx.borrow();
+        leader_rx = Some(rx);
+        election = Some(task);
+    }
+    metrics.leader.set(i64::from(leading));
     let mut synced: HashSet<&'static str> = HashSet::new();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     let shutdown = shutdown_signal();
@@ -194,25 +274,55 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     loop {
         tokio::select! {
             Some(change) = changes.next() => {
-                apply(&mut engine, &mut queue, &in_flight, &mut synced, change);
+                apply(&mut engine, &mut queue, &in_flight, &mut confirming, &mut synced, change);
             }
-            Some((placement, result)) = done_rx.recv() => {
+            Some((placement, added, result)) = done_rx.recv() => {
                 in_flight.remove(&placement.pod);
                 metrics.in_flight.set(in_flight.len() as i64);
                 let uid = placement.pod_uid.clone();
-                match &result {
-                    Ok(()) => {
+                match result {
+                    Ok(stored) => {
+                        // What the API server stored is newer than anything the informers
+                        // have shown; late events cannot undo it.
+                        for claim in stored {
+                            engine.state_mut().upsert_claim(claim);
+                        }
+                        engine.reassert(&placement);
+                        confirming.insert(placement.pod.clone(), placement.clone());
+                        if let Some(added) = added {
+                            metrics.pod_scheduling.observe(added.elapsed().as_secs_f64());
+                        }
                         queue.remove(&placement.pod);
-                        tokio::spawn(report(client.clone(), recorder.clone(), placement.pod.clone(), uid, Ok(placement.node.clone())));
+                        told.remove(&placement.pod);
+                        tokio::spawn(report(client.clone(), metrics.clone(), recorder.clone(), placement.pod.clone(), uid, Ok(placement.node.clone())));
                     }
                     Err(message) => {
                         tracing::warn!(pod = %placement.pod, %message, "binding failed; undone, backing off");
                         engine.forget(&placement);
                         queue.backoff(&placement.pod, Instant::now());
-                        tokio::spawn(report(client.clone(), recorder.clone(), placement.pod.clone(), uid, Err(message.clone())));
+                        // What it had assumed is free again.
+                        queue.cluster_changed();
+                        told.insert(placement.pod.clone(), message.clone());
+                        tokio::spawn(report(client.clone(), metrics.clone(), recorder.clone(), placement.pod.clone(), uid, Err(message.clone())));
                     }
                 }
             }
+            change = leadership_change(&mut leader_rx) => match change {
+                Some(true) if !leading => {
+                    tracing::info!("became the leader: scheduling");
+                    leading = true;
+                    metrics.leader.set(1);
+                }
+                Some(true) => {}
+                Some(false) | None if leading => {
+                    // Another replica may be scheduling now: stop at once, as kube-scheduler
+                    // does. Writes in flight are guarded by resourceVersion.
+                    metrics.leader.set(0);
+                    anyhow::bail!("lost the leader Lease; exiting so that a restart rebuilds from the API server");
+                }
+                Some(false) => {}
+                None => anyhow::bail!("leader election stopped"),
+            },
             _ = tick.tick() => queue.flush_backoff(Instant::now()),
             _ = &mut shutdown => {
                 tracing::info!("shutting down: no new pods; waiting for bindings in flight");
@@ -223,6 +333,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             continue;
         }
         ready.store(true, Ordering::Relaxed);
+        if !leading {
+            continue;
+        }
         // A bounded batch, so informer updates keep flowing between decisions.
         for _ in 0..64 {
             let Some(key) = queue.pop() else { break };
@@ -232,6 +345,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             let started = Instant::now();
             let decision = engine.schedule(&key);
             let elapsed = started.elapsed().as_secs_f64();
+            metrics
+                .search_steps
+                .observe(engine.last_search_steps() as f64);
             let uid = engine
                 .state()
                 .pods
@@ -249,6 +365,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     engine.assume(&placement);
                     in_flight.insert(key.clone(), placement.clone());
                     metrics.in_flight.set(in_flight.len() as i64);
+                    let added = queue.added_at(&key);
                     let client = client.clone();
                     let done = done_tx.clone();
                     let binds = binds.clone();
@@ -256,12 +373,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     tokio::spawn(async move {
                         let _permit = binds.acquire_owned().await;
                         let started = Instant::now();
-                        let result = binder::bind(&client, &placement).await;
+                        let result = binder::bind(&client, &metrics, &placement).await;
                         metrics
                             .bind_latency
                             .with_label_values(&[if result.is_ok() { "ok" } else { "error" }])
                             .observe(started.elapsed().as_secs_f64());
-                        let _ = done.send((placement, result));
+                        let _ = done.send((placement, added, result));
                     });
                 }
                 Decision::Unschedulable { pod, message } => {
@@ -270,13 +387,36 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                         .with_label_values(&["unschedulable"])
                         .observe(elapsed);
                     queue.unschedulable(&pod);
-                    tokio::spawn(report(
-                        client.clone(),
-                        recorder.clone(),
-                        pod,
-                        uid,
-                        Err(message),
-                    ));
+                    // A claim allocated for this pod that keeps it where it cannot go
+                    // (e.g. allocated before a restart) is given back; the claim's update
+                    // then retries the pod.
+                    if let (Some(claim), Some(uid)) = (engine.claim_to_release(&pod), uid.clone()) {
+                        let client = client.clone();
+                        let metrics = metrics.clone();
+                        let pod = pod.clone();
+                        tokio::spawn(async move {
+                            match binder::release_claim(&client, &metrics, &claim, &uid).await {
+                                Ok(true) => {
+                                    tracing::info!(%pod, %claim, "deallocated the claim of an unschedulable pod")
+                                }
+                                Ok(false) => {}
+                                Err(message) => {
+                                    tracing::warn!(%pod, %claim, %message, "could not deallocate")
+                                }
+                            }
+                        });
+                    }
+                    if told.get(&pod) != Some(&message) {
+                        told.insert(pod.clone(), message.clone());
+                        tokio::spawn(report(
+                            client.clone(),
+                            metrics.clone(),
+                            recorder.clone(),
+                            pod,
+                            uid,
+                            Err(message),
+                        ));
+                    }
                 }
                 Decision::Error { pod, message } => {
                     metrics
@@ -284,15 +424,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                         .with_label_values(&["error"])
                         .observe(elapsed);
                     queue.backoff(&pod, Instant::now());
-                    tokio::spawn(report(
-                        client.clone(),
-                        recorder.clone(),
-                        pod,
-                        uid,
-                        Err(message),
-                    ));
+                    if told.get(&pod) != Some(&message) {
+                        told.insert(pod.clone(), message.clone());
+                        tokio::spawn(report(
+                            client.clone(),
+                            metrics.clone(),
+                            recorder.clone(),
+                            pod,
+                            uid,
+                            Err(message),
+                        ));
+                    }
                 }
             }
+        }
+        if told.len() > 64 && told.len() > 2 * queue.len() {
+            told.retain(|pod, _| queue.contains(pod));
         }
         let (active, backoff, unschedulable) = queue.lengths();
         metrics
@@ -313,6 +460,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     ready.store(false, Ordering::Relaxed);
     let all = u32::try_from(config.max_concurrent_binds.max(1)).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(Duration::from_secs(30), binds.acquire_many(all)).await;
+    // Closing the channel makes the election task release the Lease, so a standby takes
+    // over at once instead of waiting for it to expire.
+    drop(leader_rx);
+    if let Some(task) = election {
+        match tokio::time::timeout(Duration::from_secs(5), task).await {
+            Ok(Ok(Ok(_))) => tracing::info!("released the leader Lease"),
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "could not release the leader Lease"),
+            _ => tracing::warn!("gave up releasing the leader Lease"),
+        }
+    }
     Ok(())
 }
 
@@ -320,6 +477,7 @@ fn apply(
     engine: &mut Engine,
     queue: &mut SchedulingQueue,
     in_flight: &HashMap<ObjectKey, Placement>,
+    confirming: &mut HashMap<ObjectKey, Placement>,
     synced: &mut HashSet<&'static str>,
     change: Change,
 ) {
@@ -336,9 +494,15 @@ fn apply(
                     .and_then(|s| s.node_name.as_ref())
                     .is_some();
                 let terminal = dra_engine::state::is_terminal(&pod);
+                if bound {
+                    confirming.remove(&key);
+                }
                 if bound || terminal || pod.metadata.deletion_timestamp.is_some() {
                     queue.remove(&key);
-                } else if engine.is_ours(&pod) && !in_flight.contains_key(&key) {
+                } else if engine.is_ours(&pod)
+                    && !in_flight.contains_key(&key)
+                    && !confirming.contains_key(&key)
+                {
                     queue.add(key.clone(), pod_priority(&pod));
                     queue.pod_updated(&key);
                 }
@@ -348,7 +512,7 @@ fn apply(
                     .get(&key)
                     .is_some_and(|p| dra_engine::state::bound_node(p).is_some());
                 engine.upsert_pod(pod);
-                if let Some(p) = in_flight.get(&key) {
+                if let Some(p) = in_flight.get(&key).or_else(|| confirming.get(&key)) {
                     engine.reassert(p);
                 }
                 // A bound pod that finished frees its node; other pod updates change nothing
@@ -358,6 +522,13 @@ fn apply(
             Event::Delete(pod) => {
                 let key = ObjectKey::of(&pod.metadata);
                 queue.remove(&key);
+                confirming.remove(&key);
+                // Only a pod that held a node frees anything.
+                changed = engine
+                    .state()
+                    .pods
+                    .get(&key)
+                    .is_some_and(|p| dra_engine::state::bound_node(p).is_some());
                 engine.remove_pod(&key);
             }
             Event::Init => changed = false,
@@ -368,9 +539,13 @@ fn apply(
         Change::Claim(event) => {
             touched_claims = true;
             match event {
-                Event::Apply(c) | Event::InitApply(c) => engine.state_mut().upsert_claim(c),
+                Event::Apply(c) | Event::InitApply(c) => {
+                    let old = engine.state().claims.get(&ObjectKey::of(&c.metadata));
+                    changed = claim_may_help(old, &c);
+                    engine.state_mut().upsert_claim(c);
+                }
                 Event::Delete(c) => engine.state_mut().remove_claim(&ObjectKey::of(&c.metadata)),
-                Event::Init => {}
+                Event::Init => changed = false,
                 Event::InitDone => {
                     synced.insert("ResourceClaim");
                 }
@@ -415,13 +590,34 @@ fn apply(
     }
     if touched_claims {
         // The API server's copy replaced what was assumed for bindings still in flight.
-        for placement in in_flight.values() {
+        for placement in in_flight.values().chain(confirming.values()) {
             engine.reassert(placement);
         }
     }
     if changed {
         queue.cluster_changed();
     }
+}
+
+/// Whether a claim's update could make an unschedulable pod fit (the queueing hint): a new
+/// claim (pods wait for their generated claims), devices given back, or a reservation
+/// freed. A claim becoming allocated or reserved only takes things away.
+fn claim_may_help(
+    old: Option<&k8s_openapi::api::resource::v1::ResourceClaim>,
+    new: &k8s_openapi::api::resource::v1::ResourceClaim,
+) -> bool {
+    let Some(old) = old else { return true };
+    let allocated = |c: &ResourceClaim| c.status.as_ref().is_some_and(|s| s.allocation.is_some());
+    let reservations = |c: &ResourceClaim| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.reserved_for.as_ref())
+            .map_or(0, Vec::len)
+    };
+    (allocated(old) && !allocated(new))
+        || reservations(new) < reservations(old)
+        || old.spec != new.spec
+        || new.metadata.deletion_timestamp != old.metadata.deletion_timestamp
 }
 
 /// Apply a change to a cluster-scoped kind the state keeps by name.

@@ -23,6 +23,8 @@ pub struct SchedulingQueue {
 
 #[derive(Debug, Clone)]
 struct Entry {
+    /// When the pod entered the queue, for the end-to-end scheduling latency.
+    added: Instant,
     priority: i32,
     arrival: u64,
     attempts: u32,
@@ -50,12 +52,33 @@ impl SchedulingQueue {
         self.pods.insert(
             key,
             Entry {
+                added: Instant::now(),
                 priority,
                 arrival,
                 attempts: 0,
                 place: Place::Active,
             },
         );
+    }
+
+    /// Pods known to the queue.
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Whether the queue knows no pod.
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    /// Whether the pod is known to the queue (waiting or in flight).
+    pub fn contains(&self, key: &ObjectKey) -> bool {
+        self.pods.contains_key(key)
+    }
+
+    /// When the pod entered the queue.
+    pub fn added_at(&self, key: &ObjectKey) -> Option<Instant> {
+        self.pods.get(key).map(|e| e.added)
     }
 
     /// The pod is gone or bound: forget it.

@@ -205,6 +205,8 @@ up() {
     curl -sf "http://127.0.0.1:$etcd_client/health" || { down "$dir"; exit 1; }
 
   local pki=$dir/pki
+  # --allow-privileged as every real cluster (kubeadm, kind, the clouds) sets it: kubelet
+  # DRA plugins such as the chart's node agent run privileged.
   start "$dir" kube-apiserver "$BIN/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$etcd_client" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
@@ -220,7 +222,8 @@ up() {
     --endpoint-reconciler-type none \
     --disable-admission-plugins TaintNodesByCondition \
     --enable-priority-and-fairness=false \
-    --profiling=false
+    --profiling=false \
+    --allow-privileged=true
   kubeconfig "$dir" admin "$api_port"
   kubeconfig "$dir" controller-manager "$api_port"
   kubeconfig "$dir" scheduler "$api_port"
@@ -240,7 +243,8 @@ up() {
     --use-service-account-credentials=true \
     --feature-gates "$(feature_gates)" \
     --leader-elect=false \
-    --concurrent-deployment-syncs 10 --concurrent-replicaset-syncs 10
+    --concurrent-deployment-syncs 10 --concurrent-replicaset-syncs 10 \
+    --kube-api-qps 200 --kube-api-burst 400
   # The controller manager is ready once it has created the default ServiceAccount
   # (pods are admitted only then).
   wait_for kube-controller-manager 120 "$dir" \

@@ -2,9 +2,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use dra_allocator::{
-    AllocError, Allocator, Features, Outcome, SelectorCache, Snapshot, SnapshotInput,
+    AllocError, Allocator, Features, Limits, Outcome, SelectorCache, Snapshot, SnapshotInput,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
@@ -111,6 +112,8 @@ pub struct Engine {
     snapshot: Option<Arc<Snapshot>>,
     /// Compiled selectors and their per-device results, kept across snapshot rebuilds.
     selector_cache: Option<Arc<SelectorCache>>,
+    /// Allocator search steps (requests and devices tried) in the last cycle, all nodes.
+    search_steps: AtomicU64,
 }
 
 /// A node that passed or failed, with why.
@@ -145,7 +148,34 @@ impl Engine {
             state: ClusterState::new(input),
             snapshot: None,
             selector_cache: None,
+            search_steps: AtomicU64::new(0),
         }
+    }
+
+    /// How hard the allocator searched in the last [`Engine::schedule`]: steps summed over
+    /// the nodes it tried.
+    pub fn last_search_steps(&self) -> u64 {
+        self.search_steps.load(Ordering::Relaxed)
+    }
+
+    /// A claim of this unbound pod that is allocated but reserved for nobody else, which
+    /// could be given back so the pod can be placed elsewhere. kube-scheduler does this
+    /// after a pod turns out unschedulable (PostFilter); so does a restarted scheduler find
+    /// claims it allocated for a pod it never bound.
+    pub fn claim_to_release(&self, pod_key: &ObjectKey) -> Option<ObjectKey> {
+        let pod = self.state.pods.get(pod_key)?;
+        if bound_node(pod).is_some() {
+            return None;
+        }
+        let uid = pod.metadata.uid.as_deref()?;
+        self.pod_claims(pod).ok()?.into_iter().find(|key| {
+            let Some(status) = self.state.claims.get(key).and_then(|c| c.status.as_ref()) else {
+                return false;
+            };
+            let reserved = status.reserved_for.as_deref().unwrap_or_default();
+            status.allocation.is_some()
+                && (reserved.is_empty() || (reserved.len() == 1 && reserved[0].uid == uid))
+        })
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -284,6 +314,7 @@ impl Engine {
     /// Run the scheduling cycle for one pod. Does not change the state: call
     /// [`Engine::assume`] with a `Scheduled` decision to take it.
     pub fn schedule(&mut self, pod_key: &ObjectKey) -> Decision {
+        self.search_steps.store(0, Ordering::Relaxed);
         let Some(pod) = self.state.pods.get(pod_key).cloned() else {
             return Decision::Error {
                 pod: pod_key.clone(),
@@ -376,6 +407,7 @@ impl Engine {
         let total = node_names.len();
         let wanted = self.feasible_nodes_to_find(total);
         let state = &self.state;
+        let steps = &self.search_steps;
         let ports = filters::host_ports(&pod);
 
         let evaluate = |name: &String| -> NodeResult {
@@ -438,10 +470,15 @@ impl Engine {
             };
             let (allocations, quality) = match allocator {
                 None => (Vec::new(), None),
-                Some(allocator) => match allocator.allocate(node) {
-                    Ok(Outcome::Allocated(a)) => (a.results, Some(a.quality)),
-                    Ok(Outcome::Unfit(explanation)) => {
-                        return NodeResult::Unfit(describe_unfit(&explanation));
+                Some(allocator) => match allocator.allocate_with(node, Limits::default()) {
+                    Ok((outcome, stats)) => {
+                        steps.fetch_add(stats.steps, Ordering::Relaxed);
+                        match outcome {
+                            Outcome::Allocated(a) => (a.results, Some(a.quality)),
+                            Outcome::Unfit(explanation) => {
+                                return NodeResult::Unfit(describe_unfit(&explanation));
+                            }
+                        }
                     }
                     Err(e) => return NodeResult::Error(attempt_error(&e)),
                 },

@@ -233,8 +233,19 @@ impl ClusterState {
         self.nodes.remove(name);
     }
 
-    pub fn upsert_claim(&mut self, claim: ResourceClaim) {
-        self.claims.insert(ObjectKey::of(&claim.metadata), claim);
+    /// Add or replace a claim, unless the state already holds a newer version of it: a
+    /// watch event that was sent before our own write landed must not undo that write (as
+    /// kube-scheduler's assume cache, resourceVersions compared as numbers). Returns whether
+    /// the claim was taken.
+    pub fn upsert_claim(&mut self, claim: ResourceClaim) -> bool {
+        let key = ObjectKey::of(&claim.metadata);
+        if let Some(old) = self.claims.get(&key)
+            && is_older(&claim.metadata, &old.metadata)
+        {
+            return false;
+        }
+        self.claims.insert(key, claim);
+        true
     }
 
     pub fn remove_claim(&mut self, key: &ObjectKey) {
@@ -263,5 +274,54 @@ impl ClusterState {
 
     pub fn remove_taint_rule(&mut self, name: &str) {
         self.taint_rules.retain(|r| name_of(&r.metadata) != name);
+    }
+}
+
+/// Whether `new` is an older version of the object than `old` (same uid, a smaller
+/// resourceVersion). Versions that are not numbers are never called older.
+fn is_older(
+    new: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    old: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> bool {
+    let version = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        m.resource_version.as_deref()?.parse::<u64>().ok()
+    };
+    new.uid == old.uid && matches!((version(new), version(old)), (Some(n), Some(o)) if n < o)
+}
+
+#[cfg(test)]
+mod claim_versions {
+    use super::*;
+
+    fn claim(version: &str, allocated: bool) -> ResourceClaim {
+        let status = allocated.then(|| {
+            serde_json::json!({"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "d", "pool": "p", "device": "gpu-0"}]}}})
+        });
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "c", "namespace": "default", "uid": "u1", "resourceVersion": version},
+            "spec": {}, "status": status}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_late_event_does_not_undo_a_newer_write() {
+        let mut state = ClusterState::new(ClusterInput::default());
+        assert!(
+            state.upsert_claim(claim("120", true)),
+            "our write, as returned"
+        );
+        assert!(
+            !state.upsert_claim(claim("99", false)),
+            "the event from before it"
+        );
+        let key = ObjectKey::new("default", "c");
+        assert!(state.claims[&key].status.is_some(), "still allocated");
+        assert!(
+            state.upsert_claim(claim("121", false)),
+            "a newer version wins"
+        );
+        assert!(state.claims[&key].status.is_none());
+        assert!(state.upsert_claim(claim("", true)), "no version: taken");
     }
 }

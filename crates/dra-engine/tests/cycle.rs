@@ -246,3 +246,56 @@ fn a_missing_claim_keeps_the_pod_waiting() {
         Some("ResourceClaim default/not-there not found")
     );
 }
+
+#[test]
+fn a_claim_allocated_for_an_unbound_pod_that_no_longer_fits_is_released() {
+    // A scheduler allocated gpu-0 on n2 for "waiter" and died before binding; n2 is now
+    // full of cpu, so the pod cannot go there, while n1 is free.
+    let mut allocated = claim("mine");
+    allocated.status = serde_json::from_value(json!({
+        "allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "n2", "device": "gpu-0"}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": ["n2"]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": "waiter", "uid": "uid-waiter"}]}))
+    .unwrap();
+    let mut waiter = pod("waiter", Some("mine"), "4", 0);
+    waiter.metadata.uid = Some("uid-waiter".into());
+    let mut e = engine(ClusterInput {
+        nodes: vec![node("n1", "8"), node("n2", "2")],
+        classes: vec![class()],
+        slices: vec![gpus("n1", 1), gpus("n2", 1)],
+        claims: vec![allocated.clone()],
+        pods: vec![waiter.clone()],
+        ..Default::default()
+    });
+    let d = e.schedule(&key("waiter"));
+    assert!(matches!(d, Decision::Unschedulable { .. }), "{d:?}");
+    assert_eq!(e.claim_to_release(&key("waiter")), Some(key("mine")));
+
+    // Shared with a pod that is bound: not ours to give back.
+    let mut shared = allocated;
+    shared.status.as_mut().unwrap().reserved_for = serde_json::from_value(json!([
+        {"resource": "pods", "name": "waiter", "uid": "uid-waiter"},
+        {"resource": "pods", "name": "running", "uid": "uid-running"}]))
+    .unwrap();
+    e.state_mut().upsert_claim(shared);
+    assert_eq!(e.claim_to_release(&key("waiter")), None);
+}
+
+#[test]
+fn the_search_effort_of_a_cycle_is_counted() {
+    let mut e = engine(ClusterInput {
+        nodes: vec![node("n1", "8"), node("n2", "8")],
+        classes: vec![class()],
+        slices: vec![gpus("n1", 2), gpus("n2", 2)],
+        claims: vec![claim("c")],
+        pods: vec![pod("p", Some("c"), "1", 0), pod("plain", None, "1", 0)],
+        ..Default::default()
+    });
+    assert!(e.schedule(&key("p")).node().is_some());
+    let steps = e.last_search_steps();
+    assert!(steps >= 2, "at least one step per node tried: {steps}");
+    assert!(e.schedule(&key("plain")).node().is_some());
+    assert_eq!(e.last_search_steps(), 0, "no claims, no search");
+}
