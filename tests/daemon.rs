@@ -69,6 +69,15 @@ fn apply(cluster: &TestCluster, paths: &[&str]) {
     );
 }
 
+fn kubectl_ok(cluster: &TestCluster, args: &[&str]) {
+    let out = cluster.kubectl().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn node_of(pod: &Pod) -> Option<&str> {
     pod.spec.as_ref()?.node_name.as_deref()
 }
@@ -428,12 +437,10 @@ async fn a_standby_takes_over_within_15_seconds_when_the_leader_dies() {
     );
 
     // It continues: a third replica gets the last T10, and no device is taken twice.
-    let out = cluster
-        .kubectl()
-        .args(["scale", "deployment/inference", "--replicas", "3"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    kubectl_ok(
+        &cluster,
+        &["scale", "deployment/inference", "--replicas", "3"],
+    );
     let bound = wait_bound(&pods, 3).await;
     assert!(bound.iter().all(|p| node_of(p) == Some("gpu-node-1")));
     assert_eq!(assert_no_device_twice(&client).await, 3);
@@ -537,12 +544,10 @@ async fn bad_input_is_reported_on_its_pod_and_the_rest_is_scheduled() {
     let cluster = TestCluster::dedicated();
     let _daemon = start_scheduler(&cluster);
     apply(&cluster, &["tests/data/live-bad-input/1-objects.yaml"]);
-    let out = cluster
-        .kubectl()
-        .args(["delete", "resourceclaim", "going", "--wait=false"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    kubectl_ok(
+        &cluster,
+        &["delete", "resourceclaim", "going", "--wait=false"],
+    );
     apply(&cluster, &["tests/data/live-bad-input/2-pods.yaml"]);
     let client = cluster.client().await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
@@ -592,16 +597,15 @@ async fn bad_input_is_reported_on_its_pod_and_the_rest_is_scheduled() {
         )]
     );
     // Still alive and still scheduling: a pod added now is placed.
-    let out = cluster
-        .kubectl()
-        .args(["run", "late", "--image=busybox", "--restart=Never"])
-        .arg("--overrides={\"spec\":{\"schedulerName\":\"dra-scheduler\"}}")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    kubectl_ok(
+        &cluster,
+        &[
+            "run",
+            "late",
+            "--image=busybox",
+            "--restart=Never",
+            "--overrides={\"spec\":{\"schedulerName\":\"dra-scheduler\"}}",
+        ],
     );
     let late = eventually("the late pod bound", 60, || async {
         node_of(&pods.get("late").await.ok()?).map(str::to_string)

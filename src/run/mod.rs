@@ -142,6 +142,40 @@ async fn report(
     }
 }
 
+/// Tells users what became of their pods, without repeating a failure already told.
+struct Tell {
+    client: Client,
+    metrics: Arc<Metrics>,
+    recorder: Arc<Recorder>,
+    /// The last failure told each pending pod: the same message is not written again.
+    told: HashMap<ObjectKey, String>,
+}
+
+impl Tell {
+    fn scheduled(&mut self, pod: ObjectKey, uid: Option<String>, node: String) {
+        self.told.remove(&pod);
+        let (client, metrics, recorder) = (
+            self.client.clone(),
+            self.metrics.clone(),
+            self.recorder.clone(),
+        );
+        tokio::spawn(report(client, metrics, recorder, pod, uid, Ok(node)));
+    }
+
+    fn failed(&mut self, pod: ObjectKey, uid: Option<String>, message: String) {
+        if self.told.get(&pod) == Some(&message) {
+            return;
+        }
+        self.told.insert(pod.clone(), message.clone());
+        let (client, metrics, recorder) = (
+            self.client.clone(),
+            self.metrics.clone(),
+            self.recorder.clone(),
+        );
+        tokio::spawn(report(client, metrics, recorder, pod, uid, Err(message)));
+    }
+}
+
 /// Who this replica is, in the Lease: the pod name (or host name) and something unique
 /// to this process, so a restarted replica is a new holder.
 fn identity() -> String {
@@ -235,8 +269,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Bound pods whose binding the pod informer has not shown yet: until it does, an older
     // event must not make them pending again.
     let mut confirming: HashMap<ObjectKey, Placement> = HashMap::new();
-    // The last failure told each pending pod: the same message is not written again.
-    let mut told: HashMap<ObjectKey, String> = HashMap::new();
+    let mut user = Tell {
+        client: client.clone(),
+        metrics: metrics.clone(),
+        recorder: recorder.clone(),
+        told: HashMap::new(),
+    };
 
     // Leader election: every replica keeps its caches warm; only the leader takes pods
     // from the queue. A standby that takes over has never assumed anything, so its state
@@ -293,8 +331,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                             metrics.pod_scheduling.observe(added.elapsed().as_secs_f64());
                         }
                         queue.remove(&placement.pod);
-                        told.remove(&placement.pod);
-                        tokio::spawn(report(client.clone(), metrics.clone(), recorder.clone(), placement.pod.clone(), uid, Ok(placement.node.clone())));
+                        user.scheduled(placement.pod.clone(), uid, placement.node.clone());
                     }
                     Err(message) => {
                         tracing::warn!(pod = %placement.pod, %message, "binding failed; undone, backing off");
@@ -302,8 +339,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                         queue.backoff(&placement.pod, Instant::now());
                         // What it had assumed is free again.
                         queue.cluster_changed();
-                        told.insert(placement.pod.clone(), message.clone());
-                        tokio::spawn(report(client.clone(), metrics.clone(), recorder.clone(), placement.pod.clone(), uid, Err(message.clone())));
+                        user.failed(placement.pod.clone(), uid, message);
                     }
                 }
             }
@@ -406,17 +442,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                             }
                         });
                     }
-                    if told.get(&pod) != Some(&message) {
-                        told.insert(pod.clone(), message.clone());
-                        tokio::spawn(report(
-                            client.clone(),
-                            metrics.clone(),
-                            recorder.clone(),
-                            pod,
-                            uid,
-                            Err(message),
-                        ));
-                    }
+                    user.failed(pod, uid, message);
                 }
                 Decision::Error { pod, message } => {
                     metrics
@@ -424,22 +450,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                         .with_label_values(&["error"])
                         .observe(elapsed);
                     queue.backoff(&pod, Instant::now());
-                    if told.get(&pod) != Some(&message) {
-                        told.insert(pod.clone(), message.clone());
-                        tokio::spawn(report(
-                            client.clone(),
-                            metrics.clone(),
-                            recorder.clone(),
-                            pod,
-                            uid,
-                            Err(message),
-                        ));
-                    }
+                    user.failed(pod, uid, message);
                 }
             }
         }
-        if told.len() > 64 && told.len() > 2 * queue.len() {
-            told.retain(|pod, _| queue.contains(pod));
+        if user.told.len() > 64 && user.told.len() > 2 * queue.len() {
+            user.told.retain(|pod, _| queue.contains(pod));
         }
         let (active, backoff, unschedulable) = queue.lengths();
         metrics
