@@ -243,6 +243,14 @@ pub fn server_message(err: &kube::Error) -> String {
     }
 }
 
+/// A TCP port on 127.0.0.1 that is free now (for a daemon's metrics address).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind a free loopback port")
+        .port()
+}
+
 /// Poll `check` until it returns `Some`, for at most `seconds`; panics naming `what` if not.
 pub async fn eventually<T, F, Fut>(what: &str, seconds: u64, mut check: F) -> T
 where

@@ -1,0 +1,696 @@
+//! The Helm chart `charts/dra-scheduler`: `helm lint` passes, `helm template` renders what
+//! the chart promises (and what the daemon accepts), `helm install` is accepted by a real
+//! Kubernetes 1.37 API server, and the chart's RBAC is enough for the scheduler: a
+//! `dra-scheduler run` authenticated with the chart's ServiceAccount token schedules the
+//! first-available example without a single "forbidden".
+//!
+//! helm is built from Go modules by `tests/chart/build-helm.sh` (once per machine).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
+use kube::Api;
+use kube::api::ListParams;
+use serde_json::{Value, json};
+use test_cluster::{TestCluster, eventually, free_port};
+
+const RELEASE: &str = "dra-scheduler";
+const NAMESPACE: &str = "kube-system";
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn chart() -> PathBuf {
+    repo().join("charts/dra-scheduler")
+}
+
+/// The helm binary, built from Go modules on first use (the script skips a built one).
+fn helm_binary() -> &'static Path {
+    static HELM: OnceLock<PathBuf> = OnceLock::new();
+    HELM.get_or_init(|| {
+        let out = Command::new("bash")
+            .arg(repo().join("tests/chart/build-helm.sh"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("run tests/chart/build-helm.sh");
+        assert!(
+            out.status.success(),
+            "tests/chart/build-helm.sh failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+}
+
+/// `helm` with its config, cache and data in a folder of this test process, so nothing of
+/// the user's Helm setup (repositories, plugins) plays a part.
+fn helm() -> Command {
+    let home = std::env::temp_dir().join(format!("dra-chart-test-helm-{}", std::process::id()));
+    let mut cmd = Command::new(helm_binary());
+    cmd.env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `helm template` of the chart into kube-system with `--set` values, as JSON documents.
+fn template(sets: &[&str]) -> Vec<Value> {
+    let mut cmd = helm();
+    cmd.args(["template", RELEASE]).arg(chart()).args([
+        "--namespace",
+        NAMESPACE,
+        "--kube-version",
+        "1.37.2",
+    ]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    documents(&String::from_utf8(run(&mut cmd).stdout).unwrap())
+}
+
+/// `helm template` that must fail; its error text.
+fn template_error(sets: &[&str]) -> String {
+    let mut cmd = helm();
+    cmd.args(["template", RELEASE]).arg(chart());
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success(), "helm template {sets:?} rendered");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn documents(text: &str) -> Vec<Value> {
+    use serde::Deserialize;
+    serde_yaml::Deserializer::from_str(text)
+        .map(|doc| Value::deserialize(doc).expect("rendered YAML parses"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn kinds(docs: &[Value]) -> BTreeSet<String> {
+    docs.iter()
+        .map(|d| d["kind"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The one rendered object of `kind` (named `name` when given).
+fn object<'a>(docs: &'a [Value], kind: &str, name: Option<&str>) -> &'a Value {
+    let found: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == kind && name.is_none_or(|n| d["metadata"]["name"] == n))
+        .collect();
+    assert_eq!(found.len(), 1, "one {kind} {name:?} in {:?}", kinds(docs));
+    found[0]
+}
+
+/// The scheduler's config file as the chart's ConfigMap carries it.
+fn config_text(docs: &[Value]) -> String {
+    object(docs, "ConfigMap", None)["data"]["config.yaml"]
+        .as_str()
+        .expect("ConfigMap data config.yaml")
+        .to_string()
+}
+
+fn config(docs: &[Value]) -> Value {
+    serde_yaml::from_str(&config_text(docs)).expect("config.yaml parses")
+}
+
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect()
+}
+
+/// The rules of a (Cluster)Role as (apiGroup, resource, verb) triples.
+fn grants(role: &Value) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for rule in role["rules"].as_array().unwrap() {
+        for g in strings(&rule["apiGroups"]) {
+            for r in strings(&rule["resources"]) {
+                for v in strings(&rule["verbs"]) {
+                    out.insert((g.to_string(), r.to_string(), v.to_string()));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn grant(group: &str, resources: &[&str], verbs: &[&str]) -> Vec<(String, String, String)> {
+    resources
+        .iter()
+        .flat_map(|r| {
+            verbs
+                .iter()
+                .map(move |v| (group.into(), r.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn lint_and_render() {
+    let out = run(helm().args(["lint", "--strict"]).arg(chart()));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("1 chart(s) linted, 0 chart(s) failed"),
+        "{text}"
+    );
+
+    let docs = template(&[]);
+    let kinds = kinds(&docs);
+    for kind in [
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "DaemonSet",
+        "DeviceClass",
+    ] {
+        assert!(kinds.contains(kind), "{kind} not rendered: {kinds:?}");
+    }
+    assert!(
+        !kinds.contains("ServiceMonitor"),
+        "ServiceMonitor is opt-in"
+    );
+    for d in &docs {
+        let cluster_scoped = ["ClusterRole", "ClusterRoleBinding", "DeviceClass"]
+            .contains(&d["kind"].as_str().unwrap());
+        assert_eq!(
+            d["metadata"]["namespace"].as_str(),
+            (!cluster_scoped).then_some(NAMESPACE),
+            "namespace of {} {}",
+            d["kind"],
+            d["metadata"]["name"]
+        );
+    }
+
+    // The config file: exactly the keys `dra-scheduler run --config` knows (unknown keys
+    // stop the daemon), leader election on, the Lease beside the scheduler.
+    let cfg = config(&docs);
+    assert_eq!(
+        cfg,
+        json!({
+            "schedulerName": "dra-scheduler",
+            "logFormat": "text",
+            "metricsBindAddress": "0.0.0.0:10261",
+            "percentageOfNodesToScore": 0,
+            "maxConcurrentBinds": 16,
+            "leaderElection": {
+                "leaderElect": true,
+                "leaseName": "dra-scheduler",
+                "leaseNamespace": "kube-system",
+                "leaseDurationSeconds": 10,
+            },
+        })
+    );
+
+    // The scheduler Deployment.
+    let deploy = object(&docs, "Deployment", None);
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    let pod = &deploy["spec"]["template"]["spec"];
+    let sa = pod["serviceAccountName"].as_str().unwrap();
+    assert_eq!(sa, "dra-scheduler");
+    object(&docs, "ServiceAccount", Some(sa));
+    let c = &pod["containers"][0];
+    assert_eq!(c["image"], "ghcr.io/dra-scheduler/dra-scheduler:0.1.0");
+    assert_eq!(
+        strings(&c["args"]),
+        ["run", "--config", "/etc/dra-scheduler/config.yaml"]
+    );
+    assert_eq!(
+        c["env"],
+        json!([{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}])
+    );
+    assert_eq!(
+        c["ports"],
+        json!([{"name": "metrics", "containerPort": 10261, "protocol": "TCP"}])
+    );
+    assert_eq!(
+        c["livenessProbe"]["httpGet"],
+        json!({"path": "/healthz", "port": "metrics"})
+    );
+    assert_eq!(
+        c["readinessProbe"]["httpGet"],
+        json!({"path": "/readyz", "port": "metrics"})
+    );
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert!(c["resources"]["requests"]["cpu"].is_string());
+    assert!(c["resources"]["limits"]["memory"].is_string());
+    assert_eq!(c["volumeMounts"][0]["mountPath"], "/etc/dra-scheduler");
+    let cm_name = &pod["volumes"][0]["configMap"]["name"];
+    assert_eq!(
+        &object(&docs, "ConfigMap", None)["metadata"]["name"],
+        cm_name
+    );
+    // The Service and the PDB select exactly the scheduler pods.
+    let pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
+        .as_object()
+        .unwrap();
+    for selector in [
+        &object(&docs, "Service", None)["spec"]["selector"],
+        &deploy["spec"]["selector"]["matchLabels"],
+        &object(&docs, "PodDisruptionBudget", None)["spec"]["selector"]["matchLabels"],
+    ] {
+        for (k, v) in selector.as_object().unwrap() {
+            assert_eq!(pod_labels.get(k), Some(v), "selector {selector}");
+        }
+    }
+    assert_eq!(
+        object(&docs, "PodDisruptionBudget", None)["spec"]["minAvailable"],
+        1
+    );
+    assert_eq!(
+        object(&docs, "Service", None)["spec"]["ports"][0]["targetPort"],
+        "metrics"
+    );
+
+    // RBAC: what the scheduler needs, bound to its ServiceAccount.
+    let role = object(&docs, "ClusterRole", Some("dra-scheduler"));
+    let have = grants(role);
+    let rg = "resource.k8s.io";
+    let want: Vec<_> = [
+        grant(
+            "",
+            &["pods", "nodes", "namespaces"],
+            &["get", "list", "watch"],
+        ),
+        grant("", &["pods/binding"], &["create"]),
+        grant("", &["pods/status"], &["patch", "update"]),
+        grant("", &["events"], &["create", "patch", "update"]),
+        grant("events.k8s.io", &["events"], &["create", "patch", "update"]),
+        grant(
+            rg,
+            &["resourceclaims"],
+            &[
+                "get", "list", "watch", "create", "update", "patch", "delete",
+            ],
+        ),
+        grant(
+            rg,
+            &["resourceclaims/status", "resourceclaims/binding"],
+            &["update", "patch"],
+        ),
+        grant(
+            rg,
+            &[
+                "resourceslices",
+                "deviceclasses",
+                "devicetaintrules",
+                "resourceclaimtemplates",
+            ],
+            &["get", "list", "watch"],
+        ),
+    ]
+    .concat();
+    for g in &want {
+        assert!(have.contains(g), "ClusterRole lacks {g:?}");
+    }
+    assert!(!have.iter().any(|(_, r, _)| r == "secrets"), "{have:?}");
+    let binding = object(&docs, "ClusterRoleBinding", Some("dra-scheduler"));
+    assert_eq!(binding["roleRef"]["name"], "dra-scheduler");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}])
+    );
+    let lease_role = object(&docs, "Role", None);
+    assert_eq!(
+        grants(lease_role),
+        grant(
+            "coordination.k8s.io",
+            &["leases"],
+            &["get", "list", "watch", "create", "update", "patch"]
+        )
+        .into_iter()
+        .collect()
+    );
+    assert_eq!(
+        object(&docs, "RoleBinding", None)["roleRef"]["name"],
+        lease_role["metadata"]["name"]
+    );
+
+    // The node agent: the flags dra-node-agent has, the host paths the kubelet uses.
+    let ds = object(&docs, "DaemonSet", None);
+    let agent = &ds["spec"]["template"]["spec"];
+    let c = &agent["containers"][0];
+    assert_eq!(c["image"], "ghcr.io/dra-scheduler/dra-node-agent:0.1.0");
+    assert_eq!(
+        strings(&c["args"]),
+        [
+            "run",
+            "--driver-name=gpu.nvidia.com",
+            "--backend=nvml",
+            "--plugin-dir=/var/lib/kubelet/plugins/gpu.nvidia.com",
+            "--registry-dir=/var/lib/kubelet/plugins_registry",
+            "--cdi-dir=/var/run/cdi",
+            "--http-address=0.0.0.0:8080",
+            "--rediscover-seconds=10",
+        ]
+    );
+    assert_eq!(
+        c["env"],
+        json!([{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}])
+    );
+    assert_eq!(c["securityContext"]["privileged"], true);
+    let host_paths: BTreeSet<&str> = agent["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["hostPath"]["path"].as_str().unwrap())
+        .collect();
+    let mounts: BTreeSet<&str> = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["mountPath"].as_str().unwrap())
+        .collect();
+    let expected: BTreeSet<&str> = [
+        "/var/lib/kubelet/plugins/gpu.nvidia.com",
+        "/var/lib/kubelet/plugins_registry",
+        "/var/run/cdi",
+    ]
+    .into();
+    assert_eq!(host_paths, expected);
+    assert_eq!(mounts, expected);
+    assert_eq!(
+        agent["nodeSelector"],
+        json!({"nvidia.com/gpu.present": "true"})
+    );
+    let agent_sa = agent["serviceAccountName"].as_str().unwrap();
+    assert_eq!(agent_sa, "dra-scheduler-node-agent");
+    let agent_role = grants(object(&docs, "ClusterRole", Some(agent_sa)));
+    let want_agent: BTreeSet<_> = [
+        grant(
+            rg,
+            &["resourceslices"],
+            &["get", "list", "watch", "create", "update", "delete"],
+        ),
+        grant(rg, &["resourceclaims"], &["get"]),
+        grant("", &["nodes"], &["get"]),
+    ]
+    .concat()
+    .into_iter()
+    .collect();
+    assert_eq!(agent_role, want_agent);
+    let class = object(&docs, "DeviceClass", None);
+    assert_eq!(class["metadata"]["name"], "gpu.nvidia.com");
+    assert_eq!(
+        class["spec"]["selectors"],
+        json!([{"cel": {"expression": "device.driver == \"gpu.nvidia.com\""}}])
+    );
+}
+
+#[test]
+fn values_change_what_is_rendered() {
+    // Opt-ins and opt-outs.
+    let docs = template(&[
+        "serviceMonitor.enabled=true",
+        "nodeAgent.enabled=false",
+        "deviceClass.create=false",
+    ]);
+    let k = kinds(&docs);
+    assert!(k.contains("ServiceMonitor"), "{k:?}");
+    assert!(
+        !k.contains("DaemonSet") && !k.contains("DeviceClass"),
+        "{k:?}"
+    );
+    let sm = object(&docs, "ServiceMonitor", None);
+    assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
+    assert_eq!(sm["spec"]["endpoints"][0]["path"], "/metrics");
+    assert_eq!(
+        docs.iter().filter(|d| d["kind"] == "ClusterRole").count(),
+        1,
+        "no node agent role without the node agent"
+    );
+
+    // Settings reach the config file; the Lease's Role follows the Lease.
+    let docs = template(&[
+        "schedulerName=gpu-scheduler",
+        "config.logFormat=json",
+        "config.maxConcurrentBinds=4",
+        "leaderElection.leaseNamespace=dra-system",
+        "leaderElection.leaseDurationSeconds=15",
+        "metrics.port=9100",
+        "image.tag=v9",
+    ]);
+    let cfg = config(&docs);
+    assert_eq!(cfg["schedulerName"], "gpu-scheduler");
+    assert_eq!(cfg["logFormat"], "json");
+    assert_eq!(cfg["maxConcurrentBinds"], 4);
+    assert_eq!(cfg["metricsBindAddress"], "0.0.0.0:9100");
+    assert_eq!(
+        cfg["leaderElection"],
+        json!({"leaderElect": true, "leaseName": "gpu-scheduler", "leaseNamespace": "dra-system", "leaseDurationSeconds": 15})
+    );
+    assert_eq!(
+        object(&docs, "Role", None)["metadata"]["namespace"],
+        "dra-system"
+    );
+    assert_eq!(
+        object(&docs, "RoleBinding", None)["metadata"]["namespace"],
+        "dra-system"
+    );
+    let c = &object(&docs, "Deployment", None)["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["image"], "ghcr.io/dra-scheduler/dra-scheduler:v9");
+    assert_eq!(c["ports"][0]["containerPort"], 9100);
+
+    // One replica: no PDB (it would block every drain), leader election may be off.
+    let docs = template(&["replicaCount=1", "leaderElection.enabled=false"]);
+    assert!(!kinds(&docs).contains("PodDisruptionBudget"));
+    assert_eq!(config(&docs)["leaderElection"]["leaderElect"], false);
+
+    // Settings that would break the scheduler are refused at render time.
+    let e = template_error(&["leaderElection.enabled=false"]);
+    assert!(
+        e.contains("replicaCount > 1 needs leaderElection.enabled"),
+        "{e}"
+    );
+    let e = template_error(&["config.logFormat=xml"]);
+    assert!(e.contains("config.logFormat must be text or json"), "{e}");
+}
+
+/// A kubeconfig for the same cluster as `admin` whose user is `token`.
+fn token_kubeconfig(admin: &Path, token: &str, path: &Path) {
+    let text = std::fs::read_to_string(admin).unwrap();
+    let mut kc: Value = serde_yaml::from_str(&text).unwrap();
+    kc["users"] = json!([{"name": "chart-sa", "user": {"token": token}}]);
+    for ctx in kc["contexts"].as_array_mut().unwrap() {
+        ctx["context"]["user"] = json!("chart-sa");
+    }
+    std::fs::write(path, serde_json::to_vec_pretty(&kc).unwrap()).unwrap();
+}
+
+/// A scheduler process, stopped when dropped; its log is shown when the test fails.
+struct Daemon {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("--- dra-scheduler log ({}) ---\n{log}", self.log.display());
+        }
+    }
+}
+
+fn http_status(url: &str) -> Option<String> {
+    let out = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", url])
+        .output()
+        .ok()?;
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installs_and_its_rbac_is_enough_to_schedule() {
+    let cluster = TestCluster::dedicated();
+    let work = cluster.dir().join("chart-test");
+    std::fs::create_dir_all(&work).unwrap();
+
+    // `helm install` as the chart README says: the real API server accepts every object.
+    let out = run(helm()
+        .args(["install", RELEASE])
+        .arg(chart())
+        .args(["--namespace", NAMESPACE, "--kubeconfig"])
+        .arg(cluster.kubeconfig_path()));
+    let notes = String::from_utf8_lossy(&out.stdout);
+    assert!(notes.contains("STATUS: deployed"), "{notes}");
+    assert!(notes.contains("schedulerName: dra-scheduler"), "{notes}");
+    let client = cluster.client().await;
+    let deploy = Api::<Deployment>::namespaced(client.clone(), NAMESPACE)
+        .get("dra-scheduler")
+        .await
+        .expect("the chart's Deployment");
+    assert_eq!(deploy.spec.replicas, Some(2));
+    Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
+        .get("dra-scheduler-node-agent")
+        .await
+        .expect("the chart's DaemonSet");
+    Api::<DeviceClass>::all(client.clone())
+        .get("gpu.nvidia.com")
+        .await
+        .expect("the chart's DeviceClass");
+
+    // The scheduler's identity is the chart's ServiceAccount, through a real token.
+    let out = run(cluster.kubectl().args([
+        "create",
+        "token",
+        "dra-scheduler",
+        "-n",
+        NAMESPACE,
+        "--duration",
+        "1h",
+    ]));
+    let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let sa_kubeconfig = work.join("sa.kubeconfig");
+    token_kubeconfig(cluster.kubeconfig_path(), &token, &sa_kubeconfig);
+    let kubectl_as_sa = || {
+        let mut cmd = Command::new(cluster.binary("kubectl"));
+        cmd.arg("--kubeconfig").arg(&sa_kubeconfig);
+        cmd
+    };
+    let whoami = run(kubectl_as_sa().args([
+        "auth",
+        "whoami",
+        "-o",
+        "jsonpath={.status.userInfo.username}",
+    ]));
+    assert_eq!(
+        String::from_utf8_lossy(&whoami.stdout),
+        "system:serviceaccount:kube-system:dra-scheduler"
+    );
+    // The identity is really limited: the test below would prove nothing with admin rights.
+    let secrets = kubectl_as_sa()
+        .args(["get", "secrets", "-n", NAMESPACE])
+        .output()
+        .unwrap();
+    assert!(!secrets.status.success());
+    assert!(
+        String::from_utf8_lossy(&secrets.stderr).contains("forbidden"),
+        "{}",
+        String::from_utf8_lossy(&secrets.stderr)
+    );
+
+    // Run the scheduler as that ServiceAccount with the chart's own config file (the flag
+    // moves the metrics port to a free loopback one; a flag wins over the file).
+    let docs = template(&[]);
+    let config_path = work.join("config.yaml");
+    std::fs::write(&config_path, config_text(&docs)).unwrap();
+    let log_path = work.join("scheduler.log");
+    let port = free_port();
+    let _daemon = Daemon {
+        child: Command::new(env!("CARGO_BIN_EXE_dra-scheduler"))
+            .args(["run", "--kubeconfig"])
+            .arg(&sa_kubeconfig)
+            .arg("--config")
+            .arg(&config_path)
+            .args(["--metrics-bind-address", &format!("127.0.0.1:{port}")])
+            .env("POD_NAME", "dra-scheduler-chart-test")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .expect("start dra-scheduler run"),
+        log: log_path.clone(),
+    };
+
+    run(cluster
+        .kubectl()
+        .args(["apply", "-f"])
+        .arg(repo().join("examples/first-available")));
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let bound = eventually("both inference pods bound", 120, || async {
+        let list = pods.list(&ListParams::default()).await.ok()?.items;
+        let bound: Vec<Pod> = list
+            .into_iter()
+            .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+            .collect();
+        (bound.len() == 2).then_some(bound)
+    })
+    .await;
+    for p in &bound {
+        assert_eq!(
+            p.spec.as_ref().unwrap().node_name.as_deref(),
+            Some("gpu-node-1")
+        );
+    }
+
+    // The claims were written through the ServiceAccount: allocated and reserved for the pods.
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
+    let mut devices = BTreeSet::new();
+    for claim in claims.list(&ListParams::default()).await.unwrap() {
+        let status = claim.status.expect("claim status");
+        let allocation = status.allocation.expect("claim allocated");
+        for r in allocation.devices.unwrap().results.unwrap_or_default() {
+            devices.insert(r.device);
+        }
+        assert_eq!(status.reserved_for.map(|r| r.len()), Some(1));
+    }
+    assert!(devices.contains("gpu-0"), "the A5000 is taken: {devices:?}");
+    assert_eq!(devices.len(), 2, "{devices:?}");
+
+    // Events, the leader's Lease and the probe endpoints the chart points the kubelet at.
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    eventually("Scheduled events", 30, || async {
+        let list = events.list(&ListParams::default()).await.ok()?.items;
+        (list
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("Scheduled"))
+            .count()
+            >= 2)
+            .then_some(())
+    })
+    .await;
+    let lease = Api::<Lease>::namespaced(client.clone(), NAMESPACE)
+        .get("dra-scheduler")
+        .await
+        .unwrap_or_else(|e| panic!("the leader's Lease kube-system/dra-scheduler: {e}"));
+    assert!(
+        lease.spec.and_then(|s| s.holder_identity).is_some(),
+        "the Lease has a holder"
+    );
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let url = format!("http://127.0.0.1:{port}{path}");
+        assert_eq!(http_status(&url).as_deref(), Some("200"), "{url}");
+    }
+
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(
+        !log.to_lowercase().contains("forbidden"),
+        "the scheduler was refused something with the chart's RBAC:\n{log}"
+    );
+}
