@@ -323,7 +323,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                         // What the API server stored is newer than anything the informers
                         // have shown; late events cannot undo it.
                         for claim in stored {
-                            engine.state_mut().upsert_claim(claim);
+                            engine.upsert_claim(claim);
                         }
                         engine.reassert(&placement);
                         confirming.insert(placement.pod.clone(), placement.clone());
@@ -558,9 +558,9 @@ fn apply(
                 Event::Apply(c) | Event::InitApply(c) => {
                     let old = engine.state().claims.get(&ObjectKey::of(&c.metadata));
                     changed = claim_may_help(old, &c);
-                    engine.state_mut().upsert_claim(c);
+                    engine.upsert_claim(c);
                 }
-                Event::Delete(c) => engine.state_mut().remove_claim(&ObjectKey::of(&c.metadata)),
+                Event::Delete(c) => engine.remove_claim(&ObjectKey::of(&c.metadata)),
                 Event::Init => changed = false,
                 Event::InitDone => {
                     synced.insert("ResourceClaim");

@@ -653,7 +653,14 @@ impl Engine {
             if let Some(reserved) = status.reserved_for.as_mut() {
                 reserved.retain(|r| !(r.resource == "pods" && r.name == placement.pod.name));
             }
-            if let Some(allocation) = &decision.allocation {
+            // Give back only what is still ours: the claim may hold someone else's
+            // allocation by now, which stays.
+            if let Some(allocation) = &decision.allocation
+                && status
+                    .allocation
+                    .as_ref()
+                    .is_some_and(|a| same_devices(a, allocation))
+            {
                 status.allocation = None;
                 let allocation = allocation.clone();
                 self.release(&allocation);
@@ -745,8 +752,19 @@ fn group_reasons(total: usize, results: &[NodeResult]) -> String {
     format!("0/{total} nodes are available: {body}")
 }
 
-/// Updates from an informer. Pod changes leave the allocator's view alone; everything
-/// else goes through [`Engine::state_mut`], which rebuilds it on the next cycle.
+/// Whether two allocations hold the same devices where (the timestamp aside).
+fn same_devices(a: &AllocationResult, b: &AllocationResult) -> bool {
+    a.devices == b.devices && a.node_selector == b.node_selector
+}
+
+fn allocation_of(claim: Option<&ResourceClaim>) -> Option<AllocationResult> {
+    claim?.status.as_ref()?.allocation.clone()
+}
+
+/// Updates from an informer. Pod changes leave the allocator's view alone; claim changes
+/// update it in place (a busy cluster changes claims many times a second, and rebuilding
+/// the view of every device each time would not keep up); everything else goes through
+/// [`Engine::state_mut`], which rebuilds it on the next cycle.
 impl Engine {
     pub fn upsert_pod(&mut self, pod: Pod) {
         self.state.upsert_pod(pod);
@@ -756,10 +774,61 @@ impl Engine {
         self.state.remove_pod(key);
     }
 
+    /// Add or replace a claim (unless the state holds a newer version); its devices are
+    /// taken or given back in the allocator's view. Returns whether it was taken.
+    pub fn upsert_claim(&mut self, claim: ResourceClaim) -> bool {
+        let key = ObjectKey::of(&claim.metadata);
+        let old = allocation_of(self.state.claims.get(&key));
+        let new = allocation_of(Some(&claim));
+        if !self.state.upsert_claim(claim) {
+            return false;
+        }
+        self.replace_allocation(old.as_ref(), new.as_ref());
+        true
+    }
+
+    pub fn remove_claim(&mut self, key: &ObjectKey) {
+        let old = allocation_of(self.state.claims.get(key));
+        self.state.remove_claim(key);
+        self.replace_allocation(old.as_ref(), None);
+    }
+
+    fn replace_allocation(
+        &mut self,
+        old: Option<&AllocationResult>,
+        new: Option<&AllocationResult>,
+    ) {
+        if old == new {
+            return;
+        }
+        match self.snapshot.as_mut().and_then(Arc::get_mut) {
+            Some(snapshot) => {
+                if let Some(old) = old {
+                    snapshot.remove_allocation(old);
+                }
+                if let Some(new) = new {
+                    snapshot.add_allocation(new);
+                }
+            }
+            None => self.snapshot = None,
+        }
+    }
+
     /// Record `placement` in the state again after an update from the API server replaced
-    /// the objects it touched (their writes have not all landed yet).
+    /// the objects it touched (their writes have not all landed yet). Claims that already
+    /// hold the placement's devices are left as they are.
     pub fn reassert(&mut self, placement: &Placement) {
-        self.snapshot = None;
-        self.assume(placement);
+        let mut missing = placement.clone();
+        for decision in &mut missing.claims {
+            if decision.allocation.is_none() {
+                continue;
+            }
+            // Already ours, or someone else's (the API server's word wins; our write will
+            // be refused): only an unallocated claim gets our devices again.
+            if allocation_of(self.state.claims.get(&decision.key)).is_some() {
+                decision.allocation = None;
+            }
+        }
+        self.assume(&missing);
     }
 }

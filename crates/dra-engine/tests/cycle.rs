@@ -299,3 +299,32 @@ fn the_search_effort_of_a_cycle_is_counted() {
     assert!(e.schedule(&key("plain")).node().is_some());
     assert_eq!(e.last_search_steps(), 0, "no claims, no search");
 }
+
+#[test]
+fn claim_updates_from_the_api_take_and_give_back_devices() {
+    let mut e = engine(ClusterInput {
+        nodes: vec![node("n1", "8")],
+        classes: vec![class()],
+        slices: vec![gpus("n1", 2)],
+        claims: vec![claim("c1"), claim("c2")],
+        pods: vec![pod("p1", Some("c1"), "1", 0), pod("p2", Some("c2"), "1", 0)],
+        ..Default::default()
+    });
+    assert_eq!(devices(&e.schedule(&key("p1"))), ["n1/gpu-0"]);
+    // Another scheduler instance allocated gpu-0 to c1; the API server tells us.
+    let mut c1 = claim("c1");
+    c1.metadata.resource_version = Some("10".into());
+    c1.status = serde_json::from_value(json!({"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.example.com", "pool": "n1", "device": "gpu-0"}]}}}))
+    .unwrap();
+    assert!(e.upsert_claim(c1.clone()));
+    assert_eq!(devices(&e.schedule(&key("p2"))), ["n1/gpu-1"]);
+    // An older copy of c1 (sent before that write) changes nothing.
+    let mut stale = claim("c1");
+    stale.metadata.resource_version = Some("9".into());
+    assert!(!e.upsert_claim(stale));
+    assert_eq!(devices(&e.schedule(&key("p2"))), ["n1/gpu-1"]);
+    // Deleted: gpu-0 is free again.
+    e.remove_claim(&key("c1"));
+    assert_eq!(devices(&e.schedule(&key("p2"))), ["n1/gpu-0"]);
+}
