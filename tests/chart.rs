@@ -223,6 +223,8 @@ fn lint_and_render() {
             "metricsBindAddress": "0.0.0.0:10261",
             "percentageOfNodesToScore": 0,
             "maxConcurrentBinds": 16,
+            "clientQPS": 100,
+            "clientBurst": 200,
             "leaderElection": {
                 "leaderElect": true,
                 "leaseName": "dra-scheduler",
@@ -457,6 +459,7 @@ fn values_change_what_is_rendered() {
         "schedulerName=gpu-scheduler",
         "config.logFormat=json",
         "config.maxConcurrentBinds=4",
+        "config.clientQPS=20",
         "leaderElection.leaseNamespace=dra-system",
         "leaderElection.leaseDurationSeconds=15",
         "metrics.port=9100",
@@ -466,6 +469,7 @@ fn values_change_what_is_rendered() {
     assert_eq!(cfg["schedulerName"], "gpu-scheduler");
     assert_eq!(cfg["logFormat"], "json");
     assert_eq!(cfg["maxConcurrentBinds"], 4);
+    assert_eq!(cfg["clientQPS"], 20);
     assert_eq!(cfg["metricsBindAddress"], "0.0.0.0:9100");
     assert_eq!(
         cfg["leaderElection"],

@@ -228,6 +228,34 @@ async fn a5000_else_t10_then_metrics() {
         .output()
         .unwrap();
     assert!(ready.status.success(), "ready once caches synced");
+
+    // SIGTERM: a clean exit that gives the Lease back, so a standby need not wait for it
+    // to expire.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "kube-system");
+    let held = leases.get("dra-scheduler").await.unwrap();
+    assert!(held.spec.unwrap().holder_identity.is_some());
+    let mut daemon = daemon;
+    let status = Command::new("kill")
+        .args(["-TERM", &daemon.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut exit = None;
+    for _ in 0..300 {
+        exit = daemon.child.try_wait().unwrap();
+        if exit.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let exit = exit.expect("the scheduler exits within 30 s of SIGTERM");
+    assert!(exit.success(), "clean exit: {exit:?}");
+    let released = leases.get("dra-scheduler").await.unwrap().spec.unwrap();
+    assert!(
+        released.holder_identity.is_none_or(|h| h.is_empty()),
+        "the Lease is released"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

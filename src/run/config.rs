@@ -15,8 +15,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub scheduler_name: Option<String>,
     /// A YAML file with any of: schedulerName, kubeconfig, logFormat, metricsBindAddress,
-    /// percentageOfNodesToScore, maxConcurrentBinds, leaderElection {leaderElect, leaseName,
-    /// leaseNamespace, leaseDurationSeconds}.
+    /// percentageOfNodesToScore, maxConcurrentBinds, clientQPS, clientBurst, leaderElection
+    /// {leaderElect, leaseName, leaseNamespace, leaseDurationSeconds}.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Log format.
@@ -31,6 +31,12 @@ pub struct RunArgs {
     /// Bindings (claim writes + pod binding) in flight at once [default: 16].
     #[arg(long)]
     pub max_concurrent_binds: Option<usize>,
+    /// API writes per second, after a burst (0: no limit) [default: 100].
+    #[arg(long)]
+    pub client_qps: Option<f64>,
+    /// API writes allowed at once before the QPS limit applies [default: 200].
+    #[arg(long)]
+    pub client_burst: Option<u32>,
     /// Run several replicas, one scheduling at a time, elected with a Lease [default: true].
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub leader_elect: Option<bool>,
@@ -56,6 +62,9 @@ struct File {
     metrics_bind_address: Option<String>,
     percentage_of_nodes_to_score: Option<u32>,
     max_concurrent_binds: Option<usize>,
+    #[serde(rename = "clientQPS")]
+    client_qps: Option<f64>,
+    client_burst: Option<u32>,
     #[serde(default)]
     leader_election: LeaderElectionFile,
 }
@@ -86,6 +95,8 @@ pub struct Config {
     pub metrics_bind_address: String,
     pub percentage_of_nodes_to_score: u32,
     pub max_concurrent_binds: usize,
+    pub client_qps: f64,
+    pub client_burst: u32,
     /// `None` when leader election is off: this replica schedules alone.
     pub leader_election: Option<LeaderElection>,
 }
@@ -152,6 +163,8 @@ impl Config {
                 .max_concurrent_binds
                 .or(file.max_concurrent_binds)
                 .unwrap_or(16),
+            client_qps: args.client_qps.or(file.client_qps).unwrap_or(100.0),
+            client_burst: args.client_burst.or(file.client_burst).unwrap_or(200),
             leader_election,
         })
     }
@@ -168,7 +181,7 @@ mod tests {
         let path = dir.join("config.yaml");
         std::fs::write(
             &path,
-            "schedulerName: gpu-scheduler\nmaxConcurrentBinds: 4\nlogFormat: json\n",
+            "schedulerName: gpu-scheduler\nmaxConcurrentBinds: 4\nlogFormat: json\nclientQPS: 20\n",
         )
         .unwrap();
         let config = Config::resolve(RunArgs {
@@ -181,6 +194,7 @@ mod tests {
         assert_eq!(config.max_concurrent_binds, 8);
         assert_eq!(config.log_format, "json");
         assert_eq!(config.metrics_bind_address, "0.0.0.0:10261");
+        assert_eq!((config.client_qps, config.client_burst), (20.0, 200));
         assert_eq!(
             config.leader_election,
             Some(LeaderElection {

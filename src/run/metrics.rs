@@ -34,6 +34,8 @@ pub struct Metrics {
     pub api_errors: IntCounterVec,
     /// 1 while this replica is the leader (or runs without leader election).
     pub leader: IntGauge,
+    /// `clientQPS`/`clientBurst`: every write waits for a token first.
+    throttle: Option<super::throttle::Throttle>,
 }
 
 fn buckets() -> Vec<f64> {
@@ -132,16 +134,26 @@ impl Metrics {
             api_writes,
             api_errors,
             leader,
+            throttle: None,
         })
     }
 
-    /// Time one API write and count it if it fails.
+    /// Rate-limit the writes made through [`Metrics::write`].
+    pub fn with_throttle(mut self, throttle: Option<super::throttle::Throttle>) -> Metrics {
+        self.throttle = throttle;
+        self
+    }
+
+    /// Time one API write (after the client-side rate limit) and count it if it fails.
     pub async fn write<T>(
         &self,
         verb: &str,
         resource: &str,
         call: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, kube::Error> {
+        if let Some(throttle) = &self.throttle {
+            throttle.acquire().await;
+        }
         let started = std::time::Instant::now();
         let result = call.await;
         self.api_writes

@@ -8,6 +8,7 @@ pub mod binder;
 pub mod config;
 pub mod metrics;
 pub mod queue;
+pub mod throttle;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -226,7 +227,10 @@ async fn client_for(config: &Config) -> anyhow::Result<Client> {
 /// Run the scheduler until SIGTERM or Ctrl-C.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let client = client_for(&config).await?;
-    let metrics = Arc::new(Metrics::new()?);
+    let metrics = Arc::new(Metrics::new()?.with_throttle(throttle::Throttle::new(
+        config.client_qps,
+        config.client_burst,
+    )));
     let ready = Arc::new(AtomicBool::new(false));
     let listener = tokio::net::TcpListener::bind(&config.metrics_bind_address)
         .await

@@ -124,6 +124,8 @@ logFormat: {{ .Values.config.logFormat }}
 metricsBindAddress: {{ printf "0.0.0.0:%d" (int .Values.metrics.port) | quote }}
 percentageOfNodesToScore: {{ int .Values.config.percentageOfNodesToScore }}
 maxConcurrentBinds: {{ int .Values.config.maxConcurrentBinds }}
+clientQPS: {{ .Values.config.clientQPS }}
+clientBurst: {{ int .Values.config.clientBurst }}
 leaderElection:
   leaderElect: {{ .Values.leaderElection.enabled }}
   leaseName: {{ include "dra-scheduler.leaseName" . | quote }}
