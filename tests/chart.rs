@@ -460,6 +460,7 @@ fn values_change_what_is_rendered() {
         "config.logFormat=json",
         "config.maxConcurrentBinds=4",
         "config.clientQPS=20",
+        "config.scoring.leastAllocated=1",
         "leaderElection.leaseNamespace=dra-system",
         "leaderElection.leaseDurationSeconds=15",
         "metrics.port=9100",
@@ -470,6 +471,7 @@ fn values_change_what_is_rendered() {
     assert_eq!(cfg["logFormat"], "json");
     assert_eq!(cfg["maxConcurrentBinds"], 4);
     assert_eq!(cfg["clientQPS"], 20);
+    assert_eq!(cfg["scoring"], serde_json::json!({"leastAllocated": 1}));
     assert_eq!(cfg["metricsBindAddress"], "0.0.0.0:9100");
     assert_eq!(
         cfg["leaderElection"],

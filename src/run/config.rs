@@ -16,7 +16,8 @@ pub struct RunArgs {
     pub scheduler_name: Option<String>,
     /// A YAML file with any of: schedulerName, kubeconfig, logFormat, metricsBindAddress,
     /// percentageOfNodesToScore, maxConcurrentBinds, clientQPS, clientBurst, leaderElection
-    /// {leaderElect, leaseName, leaseNamespace, leaseDurationSeconds}.
+    /// {leaderElect, leaseName, leaseNamespace, leaseDurationSeconds}, scoring
+    /// {prioritizedList, numaAlignment, devicePacking, leastAllocated} (weights).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Log format.
@@ -67,6 +68,21 @@ struct File {
     client_burst: Option<u32>,
     #[serde(default)]
     leader_election: LeaderElectionFile,
+    scoring: Option<ScoringFile>,
+}
+
+/// Scoring weights; a criterion left out weighs 0.
+#[derive(Deserialize, Debug, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ScoringFile {
+    #[serde(default)]
+    prioritized_list: u32,
+    #[serde(default)]
+    numa_alignment: u32,
+    #[serde(default)]
+    device_packing: u32,
+    #[serde(default)]
+    least_allocated: u32,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -97,6 +113,8 @@ pub struct Config {
     pub max_concurrent_binds: usize,
     pub client_qps: f64,
     pub client_burst: u32,
+    /// `scoring:` in the file; `None`: the criteria in strict order.
+    pub scoring: Option<dra_engine::ScoreWeights>,
     /// `None` when leader election is off: this replica schedules alone.
     pub leader_election: Option<LeaderElection>,
 }
@@ -163,6 +181,12 @@ impl Config {
                 .max_concurrent_binds
                 .or(file.max_concurrent_binds)
                 .unwrap_or(16),
+            scoring: file.scoring.map(|w| dra_engine::ScoreWeights {
+                prioritized_list: w.prioritized_list,
+                numa_alignment: w.numa_alignment,
+                device_packing: w.device_packing,
+                least_allocated: w.least_allocated,
+            }),
             client_qps: args.client_qps.or(file.client_qps).unwrap_or(100.0),
             client_burst: args.client_burst.or(file.client_burst).unwrap_or(200),
             leader_election,
@@ -207,7 +231,8 @@ mod tests {
 
         std::fs::write(
             &path,
-            "leaderElection:\n  leaderElect: true\n  leaseNamespace: dra\n  leaseDurationSeconds: 15\n",
+            "leaderElection:\n  leaderElect: true\n  leaseNamespace: dra\n  leaseDurationSeconds: 15\n\
+             scoring: {leastAllocated: 2, devicePacking: 1}\n",
         )
         .unwrap();
         let config = Config::resolve(RunArgs {
@@ -215,6 +240,14 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
+        assert_eq!(
+            config.scoring,
+            Some(dra_engine::ScoreWeights {
+                least_allocated: 2,
+                device_packing: 1,
+                ..Default::default()
+            })
+        );
         let election = config.leader_election.unwrap();
         assert_eq!(
             (

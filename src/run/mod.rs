@@ -242,6 +242,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         EngineConfig {
             scheduler_name: config.scheduler_name.clone(),
             percentage_of_nodes_to_score: config.percentage_of_nodes_to_score,
+            weights: config.scoring.clone(),
             ..Default::default()
         },
         ClusterInput::default(),

@@ -126,6 +126,10 @@ percentageOfNodesToScore: {{ int .Values.config.percentageOfNodesToScore }}
 maxConcurrentBinds: {{ int .Values.config.maxConcurrentBinds }}
 clientQPS: {{ .Values.config.clientQPS }}
 clientBurst: {{ int .Values.config.clientBurst }}
+{{- with .Values.config.scoring }}
+scoring:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 leaderElection:
   leaderElect: {{ .Values.leaderElection.enabled }}
   leaseName: {{ include "dra-scheduler.leaseName" . | quote }}

@@ -28,6 +28,24 @@ pub struct EngineConfig {
     pub percentage_of_nodes_to_score: u32,
     /// DRA features that are on.
     pub features: Features,
+    /// How feasible nodes are ranked: `None` (the default) compares the criteria in strict
+    /// order (firstAvailable rank, NUMA domains kept whole, device packing, least allocated
+    /// cpu and memory); weights rank by a weighted sum of the criteria, each normalised to
+    /// 0..100 across the feasible nodes, as kube-scheduler combines its score plugins.
+    pub weights: Option<ScoreWeights>,
+}
+
+/// Weights of the scoring criteria (see [`EngineConfig::weights`]); 0 ignores one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScoreWeights {
+    /// Better-ranked firstAvailable subrequests chosen.
+    pub prioritized_list: u32,
+    /// Fewer whole free NUMA domains broken into.
+    pub numa_alignment: u32,
+    /// Fewer free devices left on the node (pack devices, keep whole nodes free).
+    pub device_packing: u32,
+    /// More cpu and memory left free (spread pods).
+    pub least_allocated: u32,
 }
 
 impl Default for EngineConfig {
@@ -36,6 +54,7 @@ impl Default for EngineConfig {
             scheduler_name: "dra-scheduler".into(),
             percentage_of_nodes_to_score: 0,
             features: Features::default(),
+            weights: None,
         }
     }
 }
@@ -515,15 +534,14 @@ impl Engine {
             }
         }
 
-        let best = results
+        let feasible: Vec<(&Score, &String)> = results
             .iter()
             .filter_map(|r| match r {
                 NodeResult::Feasible { node, score, .. } => Some((score, node)),
                 _ => None,
             })
-            // Highest score; among equals, the first node by name.
-            .max_by(|a, b| a.0.cmp(b.0).then_with(|| b.1.cmp(a.1)))
-            .map(|(_, n)| n.clone());
+            .collect();
+        let best = pick(&feasible, self.config.weights.as_ref());
         let Some(best) = best else {
             return unschedulable(group_reasons(total, &results));
         };
@@ -681,6 +699,51 @@ impl Engine {
             self.snapshot = None;
         }
     }
+}
+
+/// The best of the feasible nodes: by weighted sum when weights are set, then by the
+/// criteria in order; among equals, the first node by name.
+fn pick(feasible: &[(&Score, &String)], weights: Option<&ScoreWeights>) -> Option<String> {
+    let criteria = |s: &Score| {
+        [
+            i64::from(s.prioritized),
+            s.numa_kept,
+            s.packing,
+            s.least_allocated,
+        ]
+    };
+    let totals: Vec<i64> = match weights {
+        None => vec![0; feasible.len()],
+        Some(w) => {
+            let w = [
+                w.prioritized_list,
+                w.numa_alignment,
+                w.device_packing,
+                w.least_allocated,
+            ];
+            let mut totals = vec![0i64; feasible.len()];
+            for (c, weight) in w.iter().enumerate() {
+                let values: Vec<i64> = feasible.iter().map(|(s, _)| criteria(s)[c]).collect();
+                let (Some(&lo), Some(&hi)) = (values.iter().min(), values.iter().max()) else {
+                    continue;
+                };
+                for (total, v) in totals.iter_mut().zip(&values) {
+                    let normalised = if hi == lo {
+                        100
+                    } else {
+                        (v - lo) * 100 / (hi - lo)
+                    };
+                    *total += i64::from(*weight) * normalised;
+                }
+            }
+            totals
+        }
+    };
+    feasible
+        .iter()
+        .zip(totals)
+        .max_by(|((sa, na), ta), ((sb, nb), tb)| ta.cmp(tb).then(sa.cmp(sb)).then(nb.cmp(na)))
+        .map(|((_, n), _)| (*n).clone())
 }
 
 fn score(

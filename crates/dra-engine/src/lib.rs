@@ -32,5 +32,5 @@ pub mod filters;
 pub mod resources;
 pub mod state;
 
-pub use engine::{ClaimDecision, Decision, Engine, EngineConfig, Placement};
+pub use engine::{ClaimDecision, Decision, Engine, EngineConfig, Placement, ScoreWeights};
 pub use state::{ClusterInput, ClusterState, NodeInfo, ObjectKey};

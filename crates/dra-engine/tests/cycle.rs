@@ -1,7 +1,7 @@
 //! The scheduling cycle on small clusters built in code: queue order, assume/forget,
 //! device packing, already-allocated claims and the grouped message.
 
-use dra_engine::{ClusterInput, Decision, Engine, EngineConfig, ObjectKey};
+use dra_engine::{ClusterInput, Decision, Engine, EngineConfig, ObjectKey, ScoreWeights};
 use serde_json::{Value, json};
 
 fn node(name: &str, cpu: &str) -> k8s_openapi::api::core::v1::Node {
@@ -152,9 +152,9 @@ fn assumed_devices_are_taken_until_forgotten() {
     assert_eq!(devices(&e.schedule(&key("c"))), ["n1/gpu-0"]);
 }
 
-#[test]
-fn a_partly_used_node_is_preferred_so_whole_nodes_stay_free() {
-    let mut e = engine(ClusterInput {
+/// Two nodes with two GPUs each, and two pods that want one GPU each.
+fn two_nodes_two_pods() -> ClusterInput {
+    ClusterInput {
         nodes: vec![node("n1", "8"), node("n2", "8")],
         classes: vec![class()],
         slices: vec![gpus("n1", 2), gpus("n2", 2)],
@@ -164,7 +164,12 @@ fn a_partly_used_node_is_preferred_so_whole_nodes_stay_free() {
             pod("second", Some("second"), "1", 0),
         ],
         ..Default::default()
-    });
+    }
+}
+
+#[test]
+fn a_partly_used_node_is_preferred_so_whole_nodes_stay_free() {
+    let mut e = engine(two_nodes_two_pods());
     let first = e.schedule(&key("first"));
     let Decision::Scheduled(p) = &first else {
         panic!()
@@ -173,6 +178,41 @@ fn a_partly_used_node_is_preferred_so_whole_nodes_stay_free() {
     let first_node = p.node.clone();
     // The second GPU pod packs next to the first instead of breaking into the empty node.
     assert_eq!(e.schedule(&key("second")).node(), Some(first_node.as_str()));
+}
+
+#[test]
+fn weights_can_spread_pods_instead_of_packing_them() {
+    let place_both = |weights: Option<ScoreWeights>| {
+        let config = EngineConfig {
+            weights,
+            ..Default::default()
+        };
+        let mut e = Engine::new(config, two_nodes_two_pods());
+        let Decision::Scheduled(p) = e.schedule(&key("first")) else {
+            panic!()
+        };
+        e.assume(&p);
+        (
+            p.node,
+            e.schedule(&key("second")).node().unwrap().to_string(),
+        )
+    };
+    let spread = place_both(Some(ScoreWeights {
+        least_allocated: 1,
+        ..Default::default()
+    }));
+    assert_eq!(spread, ("n1".into(), "n2".into()), "the emptier node wins");
+    let packed = place_both(Some(ScoreWeights {
+        device_packing: 5,
+        least_allocated: 1,
+        ..Default::default()
+    }));
+    assert_eq!(
+        packed,
+        ("n1".into(), "n1".into()),
+        "packing outweighs spreading"
+    );
+    assert_eq!(place_both(None), packed, "the default order packs too");
 }
 
 #[test]
