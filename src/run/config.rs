@@ -9,47 +9,47 @@ use serde::Deserialize;
 #[derive(clap::Args, Debug, Default)]
 pub struct RunArgs {
     /// Kubeconfig to use (default: in-cluster, then KUBECONFIG, then ~/.kube/config).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
     /// Schedule pods whose spec.schedulerName is this [default: dra-scheduler].
-    #[arg(long)]
+    #[arg(long, value_name = "NAME")]
     pub scheduler_name: Option<String>,
     /// A YAML file with any of: schedulerName, kubeconfig, logFormat, metricsBindAddress,
     /// percentageOfNodesToScore, maxConcurrentBinds, clientQPS, clientBurst, leaderElection
     /// {leaderElect, leaseName, leaseNamespace, leaseDurationSeconds}, scoring
     /// {prioritizedList, numaAlignment, devicePacking, leastAllocated} (weights).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Log format.
-    #[arg(long, value_parser = ["text", "json"])]
+    #[arg(long, value_name = "FORMAT", value_parser = ["text", "json"])]
     pub log_format: Option<String>,
     /// Address for /metrics, /healthz and /readyz [default: 0.0.0.0:10261].
-    #[arg(long)]
+    #[arg(long, value_name = "ADDR")]
     pub metrics_bind_address: Option<String>,
     /// Stop looking for nodes once this share is feasible (0: kube-scheduler's adaptive rule).
-    #[arg(long)]
+    #[arg(long, value_name = "PERCENT")]
     pub percentage_of_nodes_to_score: Option<u32>,
     /// Bindings (claim writes + pod binding) in flight at once [default: 16].
-    #[arg(long)]
+    #[arg(long, value_name = "N")]
     pub max_concurrent_binds: Option<usize>,
     /// API writes per second, after a burst (0: no limit) [default: 100].
-    #[arg(long)]
+    #[arg(long, value_name = "QPS")]
     pub client_qps: Option<f64>,
     /// API writes allowed at once before the QPS limit applies [default: 200].
-    #[arg(long)]
+    #[arg(long, value_name = "N")]
     pub client_burst: Option<u32>,
     /// Run several replicas, one scheduling at a time, elected with a Lease [default: true].
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub leader_elect: Option<bool>,
     /// The Lease's name [default: the scheduler name].
-    #[arg(long)]
+    #[arg(long, value_name = "NAME")]
     pub lease_name: Option<String>,
     /// The Lease's namespace [default: kube-system].
-    #[arg(long)]
+    #[arg(long, value_name = "NAMESPACE")]
     pub lease_namespace: Option<String>,
     /// How long a leader holds the Lease without renewing it; a standby takes over at most
     /// this long after the leader dies [default: 10].
-    #[arg(long)]
+    #[arg(long, value_name = "SECONDS")]
     pub lease_duration_seconds: Option<u64>,
 }
 
