@@ -36,6 +36,9 @@ pub struct ClaimEntry {
     pub sharing: Vec<GpuSharing>,
     /// The CDI spec, so a lost spec file can be rewritten without the API server.
     pub spec: Option<cdi::Spec>,
+    /// MIG partitions created for this claim, destroyed when it is unprepared.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<crate::device::MigInstance>,
 }
 
 /// What the checkpoint holds, by claim UID.
@@ -158,6 +161,7 @@ mod tests {
                     cdi_device_ids: vec!["k=u1-gpu-0".into()],
                     share_id: None,
                 }],
+                mig: vec![],
                 sharing: vec![],
                 spec: None,
             },

@@ -54,7 +54,7 @@ pub struct PlanContext<'a> {
     pub mps_dir: &'a str,
 }
 
-fn env_name(device: &str) -> String {
+pub(crate) fn env_name(device: &str) -> String {
     device
         .chars()
         .map(|c| {

@@ -118,6 +118,43 @@ impl MigProfile {
     }
 }
 
+/// A MIG partition created for a claim: a GPU instance at a placement with one compute
+/// instance filling it. Kept in the checkpoint so unprepare (or a restart) can destroy it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigInstance {
+    /// The published device it serves, e.g. `gpu-1-mig-3g20gb-9-4`.
+    pub device_name: String,
+    pub parent_minor: u32,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    /// `MIG-<uuid>`, what CUDA and the container toolkit address the partition by.
+    pub uuid: String,
+    /// The capability device nodes that grant access to this GPU and compute instance
+    /// (`/dev/nvidia-caps/nvidia-cap<N>`).
+    pub device_nodes: Vec<String>,
+}
+
+/// The capability device nodes of a GPU instance and its compute instance, read from
+/// `/proc/driver/nvidia-caps/mig-minors` (lines `gpu<G>/gi<I>/access <minor>` and
+/// `gpu<G>/gi<I>/ci<C>/access <minor>`). `None` when either line is missing.
+pub fn mig_cap_device_nodes(mig_minors: &str, gpu: u32, gi: u32, ci: u32) -> Option<Vec<String>> {
+    let find = |key: String| {
+        mig_minors.lines().find_map(|line| {
+            let (name, minor) = line.trim().split_once(' ')?;
+            (name == key)
+                .then(|| minor.trim().parse::<u32>().ok())
+                .flatten()
+        })
+    };
+    let gi_minor = find(format!("gpu{gpu}/gi{gi}/access"))?;
+    let ci_minor = find(format!("gpu{gpu}/gi{gi}/ci{ci}/access"))?;
+    Some(vec![
+        format!("/dev/nvidia-caps/nvidia-cap{gi_minor}"),
+        format!("/dev/nvidia-caps/nvidia-cap{ci_minor}"),
+    ])
+}
+
 /// What a published device is, resolved back from its name: used when preparing a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceRef<'a> {
@@ -209,5 +246,28 @@ mod tests {
             placements: vec![0, 4],
         };
         assert_eq!(p.device_name(2, 4), "gpu-2-mig-3g40gb-9-4");
+    }
+}
+
+#[cfg(test)]
+mod mig_caps {
+    use super::mig_cap_device_nodes;
+
+    #[test]
+    fn capability_nodes_come_from_the_drivers_minor_table() {
+        let table = "config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n\
+                     gpu1/gi2/access 147\ngpu1/gi2/ci0/access 148\n";
+        assert_eq!(
+            mig_cap_device_nodes(table, 1, 2, 0).unwrap(),
+            [
+                "/dev/nvidia-caps/nvidia-cap147",
+                "/dev/nvidia-caps/nvidia-cap148"
+            ]
+        );
+        assert_eq!(
+            mig_cap_device_nodes(table, 1, 3, 0),
+            None,
+            "no such instance"
+        );
     }
 }

@@ -35,6 +35,7 @@ pub mod config;
 pub mod device;
 pub mod health;
 pub mod metrics;
+pub mod mps;
 pub mod plugin;
 pub mod prepare;
 pub mod publisher;

@@ -91,6 +91,11 @@ struct Opts {
     /// XIDs that do not taint a GPU (application errors).
     #[arg(long, value_delimiter = ',', default_values_t = DEFAULT_IGNORED_XIDS.to_vec(), global = true)]
     ignored_xids: Vec<u64>,
+    /// The MPS control program, run once per claim that asks for MPS [default with
+    /// `--backend nvml`: nvidia-cuda-mps-control; with `--backend fake`: none, MPS claims
+    /// get the environment only].
+    #[arg(long, global = true, value_name = "PATH")]
+    mps_control_binary: Option<PathBuf>,
     /// Seconds between discoveries (GPUs appearing or vanishing).
     #[arg(long, default_value_t = 10, global = true)]
     rediscover_seconds: u64,
@@ -284,6 +289,9 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             checkpoint_path: plugin_dir.join("checkpoint.json"),
             mps_dir: plugin_dir.join("mps"),
             boot_id,
+            mps_control: opts.mps_control_binary.clone().or_else(|| {
+                matches!(opts.backend, BackendKind::Nvml).then(|| "nvidia-cuda-mps-control".into())
+            }),
         },
         backend.clone(),
         ClaimSource::Api(client.clone()),

@@ -50,6 +50,9 @@ pub struct PreparerConfig {
     pub checkpoint_path: PathBuf,
     pub mps_dir: PathBuf,
     pub boot_id: String,
+    /// `nvidia-cuda-mps-control`, to run a daemon per MPS claim; `None` (the fake backend
+    /// without one): MPS claims get the environment only.
+    pub mps_control: Option<PathBuf>,
 }
 
 /// What [`Preparer::open`] found in the checkpoint, for logs and tests.
@@ -210,21 +213,11 @@ impl Preparer {
                 mps_dir: &mps_dir,
             },
         )?;
-        if !self.backend.can_prepare_mig()
-            && let Some(d) = plan.devices.iter().find(|d| {
-                matches!(
-                    crate::device::find_device(&gpus, &d.device_name),
-                    Some(crate::device::DeviceRef::Mig { .. })
-                )
-            })
-        {
-            return Err(format!(
-                "claim {}/{}: device {} is a MIG partition; the {} backend cannot create MIG instances yet",
-                c.namespace,
-                c.name,
-                d.device_name,
-                self.backend.name()
-            ));
+        // A crash between creating partitions and finishing left them recorded: destroy
+        // them before starting over, so none leaks.
+        if let Some(entry) = state.claims.get(&c.uid).cloned() {
+            self.destroy_mig(&gpus, &entry.mig)?;
+            self.stop_mps(&c.uid)?;
         }
         state.claims.insert(
             c.uid.clone(),
@@ -235,9 +228,57 @@ impl Preparer {
                 devices: plan.devices.clone(),
                 sharing: plan.sharing.clone(),
                 spec: plan.spec.clone(),
+                mig: Vec::new(),
             },
         );
         self.save(state)?;
+        let mut spec = plan.spec.clone();
+        for (index, d) in plan.devices.iter().enumerate() {
+            let Some(crate::device::DeviceRef::Mig {
+                parent,
+                profile,
+                start,
+            }) = crate::device::find_device(&gpus, &d.device_name)
+            else {
+                continue;
+            };
+            let instance = match self.backend.create_mig(parent, profile, start) {
+                Ok(i) => i,
+                Err(e) => {
+                    // Give back the partitions made so far; the claim is not prepared.
+                    let made = state
+                        .claims
+                        .remove(&c.uid)
+                        .map(|e| e.mig)
+                        .unwrap_or_default();
+                    let _ = self.destroy_mig(&gpus, &made);
+                    self.save(state)?;
+                    return Err(format!(
+                        "claim {}/{}: device {}: {e}",
+                        c.namespace, c.name, d.device_name
+                    ));
+                }
+            };
+            if let Some(edits) = spec
+                .as_mut()
+                .and_then(|s| s.devices.get_mut(index))
+                .map(|d| &mut d.container_edits)
+            {
+                let prefix = format!("DRA_GPU_{}", crate::claim::env_name(&d.device_name));
+                edits.env.push(format!("{prefix}_UUID={}", instance.uuid));
+                edits.device_nodes.extend(
+                    instance
+                        .device_nodes
+                        .iter()
+                        .map(|path| cdi::DeviceNode { path: path.clone() }),
+                );
+            }
+            let entry = state.claims.get_mut(&c.uid).expect("inserted above");
+            entry.mig.push(instance);
+            entry.spec = spec.clone();
+            self.save(state)?;
+        }
+        let plan = crate::claim::ClaimPlan { spec, ..plan };
         for s in &plan.sharing {
             let gpu = gpus
                 .iter()
@@ -246,6 +287,35 @@ impl Preparer {
             self.backend
                 .apply_sharing(gpu, &s.sharing)
                 .map_err(|e| e.to_string())?;
+        }
+        let mps: Vec<&crate::claim::GpuSharing> = plan
+            .sharing
+            .iter()
+            .filter(|s| s.sharing.strategy == crate::config::SharingStrategy::Mps)
+            .collect();
+        if let Some(first) = mps.first() {
+            match &self.cfg.mps_control {
+                Some(binary) => {
+                    let uuids: Vec<String> = mps
+                        .iter()
+                        .filter_map(|s| gpus.iter().find(|g| g.minor == s.minor))
+                        .map(|g| g.uuid.clone())
+                        .collect();
+                    crate::mps::MpsControl {
+                        binary: binary.clone(),
+                    }
+                    .start(
+                        &self.cfg.mps_dir.join(&c.uid),
+                        &uuids,
+                        first.sharing.mps_config.as_ref(),
+                    )
+                    .map_err(|e| format!("claim {}/{}: {e}", c.namespace, c.name))?;
+                }
+                None => tracing::warn!(
+                    uid = %c.uid,
+                    "MPS requested, but no MPS control binary is configured: the CDI spec carries the MPS environment only"
+                ),
+            }
         }
         if let Some(spec) = &plan.spec {
             cdi::write_spec(&self.cfg.cdi_dir, &c.uid, spec)
@@ -291,10 +361,39 @@ impl Preparer {
                 self.backend.reset_sharing(gpu).map_err(|e| e.to_string())?;
             }
         }
+        self.stop_mps(&c.uid)?;
+        self.destroy_mig(&gpus, &entry.mig)?;
         cdi::remove_spec(&self.cfg.cdi_dir, &self.kind, &c.uid)
             .map_err(|e| format!("removing CDI spec: {e}"))?;
         state.claims.remove(&c.uid);
         self.save(state)
+    }
+
+    /// Stops the claim's MPS daemon, if it has one.
+    fn stop_mps(&self, uid: &str) -> Result<(), String> {
+        match &self.cfg.mps_control {
+            Some(binary) => crate::mps::MpsControl {
+                binary: binary.clone(),
+            }
+            .stop(&self.cfg.mps_dir.join(uid)),
+            None => Ok(()),
+        }
+    }
+
+    /// Destroys MIG partitions; those of a GPU that vanished are gone already.
+    fn destroy_mig(
+        &self,
+        gpus: &[Gpu],
+        instances: &[crate::device::MigInstance],
+    ) -> Result<(), String> {
+        for m in instances {
+            if let Some(gpu) = gpus.iter().find(|g| g.minor == m.parent_minor) {
+                self.backend
+                    .destroy_mig(gpu, m)
+                    .map_err(|e| format!("destroying {}: {e}", m.device_name))?;
+            }
+        }
+        Ok(())
     }
 
     fn save(&self, state: &CheckpointData) -> Result<(), String> {
@@ -341,6 +440,7 @@ mod tests {
                 cdi_dir: self.dir.path().join("cdi"),
                 checkpoint_path: self.dir.path().join("plugin/checkpoint.json"),
                 mps_dir: self.dir.path().join("mps"),
+                mps_control: None,
                 boot_id: boot.into(),
             }
         }
@@ -533,7 +633,7 @@ mod tests {
         assert_eq!(rig.spec_files(), ["u1"]);
     }
 
-    /// A backend like NVML's: it cannot create MIG instances.
+    /// A backend that cannot create MIG instances (the trait's default).
     struct NoMig(FakeBackend);
 
     impl GpuBackend for NoMig {
@@ -559,9 +659,6 @@ mod tests {
         fn reset_sharing(&self, gpu: &Gpu) -> Result<(), crate::backend::BackendError> {
             self.0.reset_sharing(gpu)
         }
-        fn can_prepare_mig(&self) -> bool {
-            false
-        }
     }
 
     #[tokio::test]
@@ -585,9 +682,146 @@ mod tests {
         let out = p.prepare(&[r("u1", "mig"), r("u2", "whole")]).await;
         assert_eq!(
             out["u1"].as_ref().unwrap_err(),
-            "claim ns/mig: device gpu-1-mig-3g20gb-9-4 is a MIG partition; the nvml backend cannot create MIG instances yet"
+            "claim ns/mig: device gpu-1-mig-3g20gb-9-4: MIG on GPU 1: the nvml backend cannot create MIG instances"
         );
         assert!(out["u2"].is_ok());
         assert_eq!(rig.spec_files(), ["u2"]);
+    }
+
+    #[tokio::test]
+    async fn a_mig_partition_is_created_for_its_claim_and_destroyed_after() {
+        let rig = Rig::new();
+        *rig.inventory.write().unwrap() = gpus("4x-a100-40gb-mig.yaml");
+        rig.add(
+            "big",
+            claim("u1", "node-a", &[("mig", "gpu-1-mig-3g20gb-9-4")]),
+        );
+        // Memory slices 4..6 of GPU 1: inside the partition above.
+        rig.add(
+            "overlap",
+            claim("u2", "node-a", &[("mig", "gpu-1-mig-2g10gb-14-4")]),
+        );
+        rig.add(
+            "small",
+            claim("u3", "node-a", &[("mig", "gpu-1-mig-1g5gb-19-0")]),
+        );
+        let (p, _) = rig.open("b1");
+        let out = p
+            .prepare(&[r("u1", "big"), r("u2", "overlap"), r("u3", "small")])
+            .await;
+        assert!(out["u1"].is_ok() && out["u3"].is_ok(), "{out:?}");
+        let err = out["u2"].as_ref().unwrap_err();
+        assert!(
+            err.starts_with("claim ns/overlap: device gpu-1-mig-2g10gb-14-4: MIG on GPU 1: memory slices 4..6 overlap partition gpu-1-mig-3g20gb-9-4"),
+            "{err}"
+        );
+        let made = rig.backend.mig_instances();
+        assert_eq!(
+            made.iter()
+                .map(|m| m.device_name.as_str())
+                .collect::<Vec<_>>(),
+            ["gpu-1-mig-3g20gb-9-4", "gpu-1-mig-1g5gb-19-0"],
+            "the failed claim left no partition behind"
+        );
+        // The container gets the partition's UUID and its capability devices.
+        let file = rig.dir.path().join("cdi/k8s.gpu.nvidia.com_claim_u1.json");
+        let spec: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        let edits = &spec["devices"][0]["containerEdits"];
+        let env: Vec<&str> = edits["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap())
+            .collect();
+        assert!(
+            env.contains(&format!("DRA_GPU_GPU_1_MIG_3G20GB_9_4_UUID={}", made[0].uuid).as_str()),
+            "{env:?}"
+        );
+        let nodes: Vec<&str> = edits["deviceNodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(nodes[0], "/dev/nvidia1");
+        assert_eq!(&nodes[1..], made[0].device_nodes.as_slice());
+
+        // A restarted agent still knows the partition and destroys it on unprepare.
+        drop(p);
+        let (p, _) = rig.open("b1");
+        assert!(p.unprepare(&[r("u1", "big")]).await["u1"].is_ok());
+        assert_eq!(
+            rig.backend
+                .mig_instances()
+                .iter()
+                .map(|m| m.device_name.as_str())
+                .collect::<Vec<_>>(),
+            ["gpu-1-mig-1g5gb-19-0"]
+        );
+        // The freed slices can be partitioned again.
+        assert!(p.prepare(&[r("u2", "overlap")]).await["u2"].is_ok());
+    }
+
+    #[tokio::test]
+    async fn an_mps_claim_gets_its_own_control_daemon_until_unprepared() {
+        let rig = Rig::new();
+        // A stand-in for nvidia-cuda-mps-control that logs how it was called.
+        let log = rig.dir.path().join("mps-calls.log");
+        let script = rig.dir.path().join("mps-control");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\necho \"args=$* visible=$CUDA_VISIBLE_DEVICES pipe=$CUDA_MPS_PIPE_DIRECTORY\" >> {log}\n\
+                 if [ \"$1\" != -d ]; then cat >> {log}; fi\n",
+                log = log.display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        rig.add(
+            "mps",
+            with_config(
+                claim("u1", "node-a", &[("gpu", "gpu-3")]),
+                "FromClaim",
+                &[],
+                json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                    "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 25}}}),
+            ),
+        );
+        let mut cfg = rig.cfg("b1");
+        cfg.mps_control = Some(script);
+        let (p, _) = Preparer::open(
+            cfg,
+            Arc::new(rig.backend.clone()),
+            ClaimSource::Static(rig.claims.clone()),
+            rig.inventory.clone(),
+            None,
+        )
+        .unwrap();
+        assert!(p.prepare(&[r("u1", "mps")]).await["u1"].is_ok());
+        let uuid = &rig.inventory.read().unwrap()[3].uuid.clone();
+        let pipe = rig.dir.path().join("mps/u1/pipe");
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            format!(
+                "args=-d visible={uuid} pipe={pipe}\nargs= visible= pipe={pipe}\n\
+                 set_default_active_thread_percentage 25\n",
+                pipe = pipe.display()
+            )
+        );
+        assert!(pipe.is_dir(), "the pipe directory the CDI spec points at");
+        assert!(p.unprepare(&[r("u1", "mps")]).await["u1"].is_ok());
+        assert!(
+            std::fs::read_to_string(&log)
+                .unwrap()
+                .ends_with(&format!("args= visible= pipe={}\nquit\n", pipe.display())),
+            "told to quit"
+        );
+        assert!(
+            !rig.dir.path().join("mps/u1").exists(),
+            "its directories removed"
+        );
     }
 }

@@ -8,7 +8,7 @@
 
 use super::{BackendError, GpuBackend};
 use crate::config::Sharing;
-use crate::device::Gpu;
+use crate::device::{Gpu, MigInstance, MigProfile};
 use crate::health::HealthEvent;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -27,6 +27,9 @@ pub struct Nic {
     #[serde(default)]
     pub numa_node: Option<i64>,
 }
+
+/// A MIG partition that exists and the memory slices it occupies.
+type Partition = (MigInstance, std::ops::Range<u32>);
 
 /// A parsed profile.
 #[derive(Debug, Clone, PartialEq)]
@@ -113,6 +116,8 @@ pub struct FakeBackend {
     events: Arc<Mutex<Option<UnboundedSender<HealthEvent>>>>,
     pending: Arc<Mutex<Vec<HealthEvent>>>,
     sharing: Arc<Mutex<BTreeMap<u32, Sharing>>>,
+    /// MIG partitions that exist, with the memory slices each occupies.
+    mig: Arc<Mutex<Vec<Partition>>>,
 }
 
 impl FakeBackend {
@@ -135,7 +140,18 @@ impl FakeBackend {
             events: Arc::new(Mutex::new(None)),
             pending: Arc::new(Mutex::new(initial)),
             sharing: Arc::new(Mutex::new(BTreeMap::new())),
+            mig: Arc::new(Mutex::new(Vec::new())),
         }
+    }
+
+    /// The MIG partitions that exist now (for tests and dry runs).
+    pub fn mig_instances(&self) -> Vec<MigInstance> {
+        self.mig
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(m, _)| m.clone())
+            .collect()
     }
 
     /// Replaces the profile (the next discovery sees it).
@@ -190,6 +206,71 @@ impl GpuBackend for FakeBackend {
 
     fn reset_sharing(&self, gpu: &Gpu) -> Result<(), BackendError> {
         self.sharing.lock().unwrap().remove(&gpu.minor);
+        Ok(())
+    }
+
+    /// Like NVML: a placement that overlaps an existing partition of the GPU is refused;
+    /// ids count up per GPU; capability nodes are numbered as the driver would.
+    fn create_mig(
+        &self,
+        gpu: &Gpu,
+        profile: &MigProfile,
+        start: u32,
+    ) -> Result<MigInstance, BackendError> {
+        let err = |reason: String| BackendError::Mig {
+            gpu: gpu.minor,
+            reason,
+        };
+        if !gpu.mig.as_ref().is_some_and(|m| m.enabled) {
+            return Err(err("MIG mode is not enabled".into()));
+        }
+        if !profile.placements.contains(&start) {
+            return Err(err(format!(
+                "profile {} cannot be placed at memory slice {start}",
+                profile.name
+            )));
+        }
+        let slices = start..start + profile.memory_slices;
+        let mut mig = self.mig.lock().unwrap();
+        if let Some((other, _)) = mig.iter().find(|(m, r)| {
+            m.parent_minor == gpu.minor && r.start < slices.end && slices.start < r.end
+        }) {
+            return Err(err(format!(
+                "memory slices {slices:?} overlap partition {} (insufficient resources)",
+                other.device_name
+            )));
+        }
+        let gi = (1..)
+            .find(|id| {
+                !mig.iter()
+                    .any(|(m, _)| m.parent_minor == gpu.minor && m.gpu_instance_id == *id)
+            })
+            .expect("a free id");
+        let instance = MigInstance {
+            device_name: profile.device_name(gpu.minor, start),
+            parent_minor: gpu.minor,
+            gpu_instance_id: gi,
+            compute_instance_id: 0,
+            uuid: format!("MIG-{}-{gi}", gpu.uuid.trim_start_matches("GPU-")),
+            device_nodes: vec![
+                format!(
+                    "/dev/nvidia-caps/nvidia-cap{}",
+                    100 + gpu.minor * 20 + gi * 2
+                ),
+                format!(
+                    "/dev/nvidia-caps/nvidia-cap{}",
+                    101 + gpu.minor * 20 + gi * 2
+                ),
+            ],
+        };
+        mig.push((instance.clone(), slices));
+        Ok(instance)
+    }
+
+    fn destroy_mig(&self, gpu: &Gpu, instance: &MigInstance) -> Result<(), BackendError> {
+        self.mig.lock().unwrap().retain(|(m, _)| {
+            !(m.parent_minor == gpu.minor && m.gpu_instance_id == instance.gpu_instance_id)
+        });
         Ok(())
     }
 }

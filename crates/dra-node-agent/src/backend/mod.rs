@@ -5,7 +5,7 @@ pub mod fake;
 pub mod nvml;
 
 use crate::config::Sharing;
-use crate::device::Gpu;
+use crate::device::{Gpu, MigInstance, MigProfile};
 use crate::health::HealthEvent;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -18,6 +18,8 @@ pub enum BackendError {
     Nvml { call: String, reason: String },
     #[error("fake profile {path}: {reason}")]
     Profile { path: String, reason: String },
+    #[error("MIG on GPU {gpu}: {reason}")]
+    Mig { gpu: u32, reason: String },
     #[error("setting sharing on GPU {gpu}: {reason}")]
     Sharing { gpu: String, reason: String },
 }
@@ -41,9 +43,28 @@ pub trait GpuBackend: Send + Sync + 'static {
     /// Puts a GPU's sharing settings back to the default.
     fn reset_sharing(&self, gpu: &Gpu) -> Result<(), BackendError>;
 
-    /// Whether preparing a MIG partition is supported (creating its GPU instance). When not,
-    /// claims for partitions fail with a clear error instead of handing out the whole GPU.
-    fn can_prepare_mig(&self) -> bool {
-        true
+    /// Creates the MIG partition a claim was allocated: a GPU instance of `profile` at
+    /// memory slice `start` of `gpu`, with one compute instance filling it. A backend that
+    /// cannot fails, so a claim for a partition never gets the whole GPU instead.
+    fn create_mig(
+        &self,
+        gpu: &Gpu,
+        profile: &MigProfile,
+        start: u32,
+    ) -> Result<MigInstance, BackendError> {
+        let _ = (profile, start);
+        Err(BackendError::Mig {
+            gpu: gpu.minor,
+            reason: format!("the {} backend cannot create MIG instances", self.name()),
+        })
+    }
+
+    /// Destroys a partition made by [`GpuBackend::create_mig`]; one already gone is fine.
+    fn destroy_mig(&self, gpu: &Gpu, instance: &MigInstance) -> Result<(), BackendError> {
+        let _ = instance;
+        Err(BackendError::Mig {
+            gpu: gpu.minor,
+            reason: format!("the {} backend cannot destroy MIG instances", self.name()),
+        })
     }
 }

@@ -9,7 +9,7 @@
 
 use super::{BackendError, GpuBackend};
 use crate::config::{Sharing, SharingStrategy};
-use crate::device::{Gpu, MigEngines, MigInfo, MigProfile};
+use crate::device::{Gpu, MigEngines, MigInfo, MigInstance, MigProfile};
 use crate::health::HealthEvent;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
@@ -187,15 +187,8 @@ impl GpuBackend for NvmlBackend {
                     .unwrap_or_default();
                 set_timeslice(gpu, interval.nvml_value())
             }
-            // MPS needs a control daemon per claim; not started by this agent yet. The CDI
-            // spec still carries the MPS environment.
-            SharingStrategy::Mps => {
-                tracing::warn!(
-                    gpu = gpu.minor,
-                    "MPS requested: control daemon not managed by this agent"
-                );
-                Ok(())
-            }
+            // The claim's MPS control daemon is started by the preparer (crate::mps).
+            SharingStrategy::Mps => Ok(()),
         }
     }
 
@@ -203,9 +196,265 @@ impl GpuBackend for NvmlBackend {
         set_timeslice(gpu, 0)
     }
 
-    /// Creating GPU and compute instances is not implemented yet.
-    fn can_prepare_mig(&self) -> bool {
-        false
+    fn create_mig(
+        &self,
+        gpu: &Gpu,
+        profile: &MigProfile,
+        start: u32,
+    ) -> Result<MigInstance, BackendError> {
+        let device = self
+            .nvml
+            .device_by_uuid(gpu.uuid.as_str())
+            .map_err(nvml_err("nvmlDeviceGetHandleByUUID"))?;
+        // SAFETY: the handle belongs to `self.nvml`, which outlives this call.
+        let handle = unsafe { device.handle() };
+        let mut instance = mig::create(&self.nvml, handle, gpu.minor, profile.profile_id, start)?;
+        instance.device_name = profile.device_name(gpu.minor, start);
+        let minors = std::fs::read_to_string(MIG_MINORS).unwrap_or_default();
+        instance.device_nodes = crate::device::mig_cap_device_nodes(
+            &minors,
+            gpu.minor,
+            instance.gpu_instance_id,
+            instance.compute_instance_id,
+        )
+        .ok_or_else(|| BackendError::Mig {
+            gpu: gpu.minor,
+            reason: format!(
+                "no capability device for gi{} ci{} in {MIG_MINORS}",
+                instance.gpu_instance_id, instance.compute_instance_id
+            ),
+        })?;
+        Ok(instance)
+    }
+
+    fn destroy_mig(&self, gpu: &Gpu, instance: &MigInstance) -> Result<(), BackendError> {
+        let device = self
+            .nvml
+            .device_by_uuid(gpu.uuid.as_str())
+            .map_err(nvml_err("nvmlDeviceGetHandleByUUID"))?;
+        // SAFETY: the handle belongs to `self.nvml`, which outlives this call.
+        let handle = unsafe { device.handle() };
+        mig::destroy(&self.nvml, handle, gpu.minor, instance)
+    }
+}
+
+/// Where the driver lists the capability device minors of MIG instances.
+const MIG_MINORS: &str = "/proc/driver/nvidia-caps/mig-minors";
+
+/// Creating and destroying MIG partitions with raw NVML calls (nvml-wrapper has no safe
+/// wrappers for GPU and compute instances).
+mod mig {
+    use super::{BackendError, MigInstance, Nvml};
+    use nvml_wrapper_sys::bindings as sys;
+
+    fn check(gpu: u32, call: &str, rc: sys::nvmlReturn_t) -> Result<(), BackendError> {
+        if rc == sys::nvmlReturn_enum_NVML_SUCCESS {
+            Ok(())
+        } else {
+            Err(BackendError::Mig {
+                gpu,
+                reason: format!("{call} returned NVML error {rc}"),
+            })
+        }
+    }
+
+    fn missing(gpu: u32, call: &str) -> BackendError {
+        BackendError::Mig {
+            gpu,
+            reason: format!("this libnvidia-ml has no {call}"),
+        }
+    }
+
+    /// A GPU instance at the placement, then the largest compute instance it supports.
+    pub fn create(
+        nvml: &Nvml,
+        device: sys::nvmlDevice_t,
+        gpu: u32,
+        profile_id: u32,
+        start: u32,
+    ) -> Result<MigInstance, BackendError> {
+        let lib = nvml.lib();
+        let create_gi = lib
+            .nvmlDeviceCreateGpuInstanceWithPlacement
+            .as_ref()
+            .map_err(|_| missing(gpu, "nvmlDeviceCreateGpuInstanceWithPlacement"))?;
+        let gi_info = lib
+            .nvmlGpuInstanceGetInfo
+            .as_ref()
+            .map_err(|_| missing(gpu, "nvmlGpuInstanceGetInfo"))?;
+        let ci_profile = lib
+            .nvmlGpuInstanceGetComputeInstanceProfileInfo
+            .as_ref()
+            .map_err(|_| missing(gpu, "nvmlGpuInstanceGetComputeInstanceProfileInfo"))?;
+        let create_ci = lib
+            .nvmlGpuInstanceCreateComputeInstance
+            .as_ref()
+            .map_err(|_| missing(gpu, "nvmlGpuInstanceCreateComputeInstance"))?;
+        let ci_info = lib
+            .nvmlComputeInstanceGetInfo_v2
+            .as_ref()
+            .map_err(|_| missing(gpu, "nvmlComputeInstanceGetInfo_v2"))?;
+        let destroy_gi = lib
+            .nvmlGpuInstanceDestroy
+            .as_ref()
+            .map_err(|_| missing(gpu, "nvmlGpuInstanceDestroy"))?;
+
+        let placement = sys::nvmlGpuInstancePlacement_t { start, size: 0 };
+        let mut gi: sys::nvmlGpuInstance_t = std::ptr::null_mut();
+        // SAFETY: valid device handle, a placement struct and an out pointer.
+        check(gpu, "nvmlDeviceCreateGpuInstanceWithPlacement", unsafe {
+            create_gi(device, profile_id, &placement, &mut gi)
+        })?;
+        let made = (|| {
+            // SAFETY: a zeroed plain C struct filled by NVML.
+            let mut info: sys::nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: `gi` was just created; `info` is a valid out pointer.
+            check(gpu, "nvmlGpuInstanceGetInfo", unsafe {
+                gi_info(gi, &mut info)
+            })?;
+            // The compute-instance profile that fills the GPU instance: the largest one.
+            let mut best: Option<sys::nvmlComputeInstanceProfileInfo_t> = None;
+            for index in 0..sys::NVML_COMPUTE_INSTANCE_PROFILE_COUNT {
+                // SAFETY: as above.
+                let mut p: sys::nvmlComputeInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
+                // SAFETY: valid instance handle and out pointer.
+                let rc = unsafe {
+                    ci_profile(
+                        gi,
+                        index,
+                        sys::NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                        &mut p,
+                    )
+                };
+                if rc == sys::nvmlReturn_enum_NVML_SUCCESS
+                    && best.is_none_or(|b| p.sliceCount > b.sliceCount)
+                {
+                    best = Some(p);
+                }
+            }
+            let best = best.ok_or_else(|| BackendError::Mig {
+                gpu,
+                reason: "the GPU instance offers no compute-instance profile".into(),
+            })?;
+            let mut ci: sys::nvmlComputeInstance_t = std::ptr::null_mut();
+            // SAFETY: valid instance handle, profile id from NVML, out pointer.
+            check(gpu, "nvmlGpuInstanceCreateComputeInstance", unsafe {
+                create_ci(gi, best.id, &mut ci)
+            })?;
+            // SAFETY: as above.
+            let mut cinfo: sys::nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: `ci` was just created; out pointer.
+            check(gpu, "nvmlComputeInstanceGetInfo_v2", unsafe {
+                ci_info(ci, &mut cinfo)
+            })?;
+            let uuid = mig_device_uuid(nvml, device, gpu, info.id, cinfo.id)?;
+            Ok(MigInstance {
+                device_name: String::new(),
+                parent_minor: gpu,
+                gpu_instance_id: info.id,
+                compute_instance_id: cinfo.id,
+                uuid,
+                device_nodes: Vec::new(),
+            })
+        })();
+        if made.is_err() {
+            // Leave nothing half made: the GPU instance goes (with any compute instance).
+            // SAFETY: `gi` is a live instance handle.
+            let _ = unsafe { destroy_gi(gi) };
+        }
+        made
+    }
+
+    /// The UUID of the MIG device with these GPU and compute instance ids.
+    fn mig_device_uuid(
+        nvml: &Nvml,
+        device: sys::nvmlDevice_t,
+        gpu: u32,
+        gi: u32,
+        ci: u32,
+    ) -> Result<String, BackendError> {
+        let lib = nvml.lib();
+        let (Ok(max), Ok(by_index), Ok(gi_id), Ok(ci_id), Ok(uuid)) = (
+            lib.nvmlDeviceGetMaxMigDeviceCount.as_ref(),
+            lib.nvmlDeviceGetMigDeviceHandleByIndex.as_ref(),
+            lib.nvmlDeviceGetGpuInstanceId.as_ref(),
+            lib.nvmlDeviceGetComputeInstanceId.as_ref(),
+            lib.nvmlDeviceGetUUID.as_ref(),
+        ) else {
+            return Err(missing(gpu, "the MIG device handle calls"));
+        };
+        let mut count = 0;
+        // SAFETY: valid handle, out pointer.
+        check(gpu, "nvmlDeviceGetMaxMigDeviceCount", unsafe {
+            max(device, &mut count)
+        })?;
+        for index in 0..count {
+            let mut mig: sys::nvmlDevice_t = std::ptr::null_mut();
+            // SAFETY: valid handle, index below the maximum, out pointer.
+            if unsafe { by_index(device, index, &mut mig) } != sys::nvmlReturn_enum_NVML_SUCCESS {
+                continue;
+            }
+            let (mut g, mut c) = (0, 0);
+            // SAFETY: `mig` is a MIG device handle from NVML; out pointers.
+            let ids = unsafe { (gi_id(mig, &mut g), ci_id(mig, &mut c)) };
+            if ids
+                != (
+                    sys::nvmlReturn_enum_NVML_SUCCESS,
+                    sys::nvmlReturn_enum_NVML_SUCCESS,
+                )
+                || (g, c) != (gi, ci)
+            {
+                continue;
+            }
+            let mut buf = [0 as std::os::raw::c_char; 96];
+            // SAFETY: the buffer is larger than NVML's UUID buffer size (80).
+            check(gpu, "nvmlDeviceGetUUID", unsafe {
+                uuid(mig, buf.as_mut_ptr(), buf.len() as u32)
+            })?;
+            // SAFETY: NVML wrote a NUL-terminated string into the buffer.
+            let text = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+            return Ok(text.to_string_lossy().into_owned());
+        }
+        Err(BackendError::Mig {
+            gpu,
+            reason: format!("no MIG device for gi{gi} ci{ci}"),
+        })
+    }
+
+    /// The compute instance, then the GPU instance. Instances already gone are fine.
+    pub fn destroy(
+        nvml: &Nvml,
+        device: sys::nvmlDevice_t,
+        gpu: u32,
+        instance: &MigInstance,
+    ) -> Result<(), BackendError> {
+        let lib = nvml.lib();
+        let (Ok(gi_by_id), Ok(ci_by_id), Ok(destroy_ci), Ok(destroy_gi)) = (
+            lib.nvmlDeviceGetGpuInstanceById.as_ref(),
+            lib.nvmlGpuInstanceGetComputeInstanceById.as_ref(),
+            lib.nvmlComputeInstanceDestroy.as_ref(),
+            lib.nvmlGpuInstanceDestroy.as_ref(),
+        ) else {
+            return Err(missing(gpu, "the MIG destroy calls"));
+        };
+        let mut gi: sys::nvmlGpuInstance_t = std::ptr::null_mut();
+        // SAFETY: valid handle, out pointer.
+        let rc = unsafe { gi_by_id(device, instance.gpu_instance_id, &mut gi) };
+        if rc == sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND {
+            return Ok(());
+        }
+        check(gpu, "nvmlDeviceGetGpuInstanceById", rc)?;
+        let mut ci: sys::nvmlComputeInstance_t = std::ptr::null_mut();
+        // SAFETY: `gi` is a live instance handle; out pointer.
+        let rc = unsafe { ci_by_id(gi, instance.compute_instance_id, &mut ci) };
+        if rc == sys::nvmlReturn_enum_NVML_SUCCESS {
+            // SAFETY: `ci` is a live compute instance handle.
+            check(gpu, "nvmlComputeInstanceDestroy", unsafe { destroy_ci(ci) })?;
+        } else if rc != sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND {
+            check(gpu, "nvmlGpuInstanceGetComputeInstanceById", rc)?;
+        }
+        // SAFETY: `gi` is a live instance handle.
+        check(gpu, "nvmlGpuInstanceDestroy", unsafe { destroy_gi(gi) })
     }
 }
 
