@@ -92,6 +92,7 @@ mod nodesel;
 mod outcome;
 mod plan;
 pub mod quantity;
+mod reads;
 mod search;
 mod snapshot;
 

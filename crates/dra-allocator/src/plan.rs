@@ -21,6 +21,8 @@ pub const MAX_SUBREQUESTS: usize = 8;
 pub(crate) struct CompiledSelector {
     pub expr: u32,
     pub selector: Arc<dra_cel::Selector>,
+    /// What the expression reads of a device, when its text tells (see [`crate::reads`]).
+    pub reads: Option<Arc<[crate::reads::Read]>>,
 }
 
 /// One request, or one subrequest of a `firstAvailable` request.
@@ -120,6 +122,7 @@ fn compile(
         out.push(CompiledSelector {
             expr: snapshot.expr_id(&cel.expression),
             selector,
+            reads: crate::reads::reads(&cel.expression).map(Arc::from),
         });
     }
     Ok(out)

@@ -11,7 +11,7 @@
 //!   attributes, capacity, counters, taints, placement; unused) is not tried again;
 //! * memoisation of failed states at request boundaries, keyed up to symmetry.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
@@ -27,7 +27,7 @@ use crate::fxhash::{FxMap, FxSet};
 use crate::outcome::{Allocation, Explanation, Limits, Outcome, Quality, RequestExplanation};
 use crate::plan::{ConstraintKind, MAX_RESULTS_PER_CLAIM, Plan, ReqPlan};
 use crate::quantity::Quantity;
-use crate::snapshot::{PoolInfo, PoolState, Snapshot, device_node_matches};
+use crate::snapshot::{NUMA_ATTRIBUTE, PoolInfo, PoolState, Snapshot, device_node_matches};
 
 const MEMO_LIMIT: usize = 1 << 20;
 
@@ -168,18 +168,20 @@ impl<'a> NodeRun<'a> {
         }
         let pools = snap.gather_pools(node)?.pools;
         let features = snap.features();
-        let mut devs = Vec::new();
-        let mut syms: FxMap<u128, u32> = FxMap::with_capacity_and_hasher(16, Default::default());
+        let ndev: usize = pools
+            .iter()
+            .filter(|p| p.state == PoolState::Usable)
+            .map(|p| p.entries.len())
+            .sum();
+        let mut devs = Vec::with_capacity(ndev);
         for (pi, pool) in pools.iter().enumerate() {
             if pool.state != PoolState::Usable {
                 continue;
             }
             for &entry in &pool.entries {
                 let e = &snap.devices[entry as usize];
-                let (_, device) = snap.device(entry);
                 let usage = snap.entry_usage(entry);
-                let multi =
-                    features.consumable_capacity && device.allow_multiple_allocations == Some(true);
+                let multi = features.consumable_capacity && e.multi;
                 // Only shared devices track capacity across allocations.
                 let used_capacity = if !multi {
                     Vec::new()
@@ -194,12 +196,16 @@ impl<'a> NodeRun<'a> {
                         })
                         .collect()
                 };
-                let consumes = pool.consumes.get(&entry).cloned().unwrap_or_default();
-                let next = syms.len() as u32;
+                let consumes = if pool.consumes.is_empty() {
+                    Vec::new()
+                } else {
+                    pool.consumes.get(&entry).cloned().unwrap_or_default()
+                };
+                // Used devices are never interchangeable: a number no signature has.
                 let sym = if usage.is_some() {
                     u32::MAX - devs.len() as u32
                 } else {
-                    *syms.entry(e.sig).or_insert(next)
+                    e.sym
                 };
                 devs.push(Dev {
                     entry,
@@ -224,9 +230,16 @@ impl<'a> NodeRun<'a> {
             let mut per_claim = Vec::new();
             let mut states = Vec::new();
             for c in &claim.constraints {
+                let numa = c.attribute == NUMA_ATTRIBUTE;
                 per_claim.push(
                     devs.iter()
                         .map(|d| {
+                            if numa {
+                                // Looked up once per snapshot.
+                                return snap.devices[d.entry as usize]
+                                    .numa
+                                    .map(|v| snap.numa_value(v).clone());
+                            }
                             let (slice, device) = snap.device(d.entry);
                             lookup(device.attributes.as_ref(), &slice.spec.driver, &c.attribute)
                         })
@@ -341,24 +354,31 @@ impl<'a> NodeRun<'a> {
     }
 
     fn selects(&self, r: &ReqPlan, d: &Dev) -> Result<(bool, bool), AllocError> {
-        let (slice, device) = self.snap.device(d.entry);
-        let dref = dra_cel::DeviceRef {
-            driver: &slice.spec.driver,
-            attributes: device.attributes.as_ref().unwrap_or(&EMPTY_ATTRS),
-            capacity: device.capacity.as_ref().unwrap_or(&EMPTY_CAPS),
-            allow_multiple_allocations: device.allow_multiple_allocations.unwrap_or(false),
+        // The device itself is read only when a result is not cached.
+        let dref = || {
+            let (slice, device) = self.snap.device(d.entry);
+            dra_cel::DeviceRef {
+                driver: &slice.spec.driver,
+                attributes: device.attributes.as_ref().unwrap_or(&EMPTY_ATTRS),
+                capacity: device.capacity.as_ref().unwrap_or(&EMPTY_CAPS),
+                allow_multiple_allocations: device.allow_multiple_allocations.unwrap_or(false),
+            }
         };
         let id = || self.snap.device_id(d.entry);
         let eval = |sels: &[crate::plan::CompiledSelector], ctx: &dyn Fn(usize) -> String| {
             for (i, s) in sels.iter().enumerate() {
-                let hit = match self.snap.cached_selector(s.expr, d.entry) {
+                let hit = match self
+                    .snap
+                    .cached_selector(s.expr, d.entry, s.reads.as_deref())
+                {
                     Some(b) => b,
                     None => {
-                        let b = s.selector.matches(dref).map_err(|e| AllocError::Cel {
+                        let b = s.selector.matches(dref()).map_err(|e| AllocError::Cel {
                             context: ctx(i),
                             source: e.with_context(ctx(i)),
                         })?;
-                        self.snap.cache_selector(s.expr, d.entry, b);
+                        self.snap
+                            .cache_selector(s.expr, d.entry, s.reads.as_deref(), b);
                         b
                     }
                 };
@@ -407,11 +427,11 @@ impl<'a> NodeRun<'a> {
                 }
             }
         }
+        rr.cand.reserve(self.devs.len());
         for (di, d) in self.devs.iter().enumerate() {
             let di = di as u32;
-            let (slice, device) = self.snap.device(d.entry);
             let entry = &self.snap.devices[d.entry as usize];
-            if !features.binding_conditions && device.binding_conditions.is_some() {
+            if !features.binding_conditions && entry.binding_conditions {
                 continue;
             }
             let (in_class, selected) = match self.selects(r, d) {
@@ -429,16 +449,17 @@ impl<'a> NodeRun<'a> {
                 continue;
             }
             st.match_selectors += 1;
-            if slice.spec.per_device_node_selection == Some(true)
-                && !device_node_matches(self.node, device).map_err(|e| {
+            if entry.per_device {
+                let (slice, device) = self.snap.device(d.entry);
+                if !device_node_matches(self.node, device).map_err(|e| {
                     AllocError::InvalidSlice {
                         slice: slice.metadata.name.clone().unwrap_or_default(),
                         message: e.to_string(),
                     }
-                })?
-            {
-                st.other_node += 1;
-                continue;
+                })? {
+                    st.other_node += 1;
+                    continue;
+                }
             }
             let tainted = features.device_taints && taint_blocks(&entry.taints, &r.tolerations);
             let unusable = entry.broken.is_some()
@@ -606,11 +627,17 @@ impl<'a> NodeRun<'a> {
         if !self.faithful && !self.bounds_hold(g) {
             return Ok(false);
         }
-        // The root is visited once: nothing to remember there.
+        // The root is visited once: nothing to remember there. While nothing has failed
+        // the memo is empty: the key is needed only to remember this state if it fails
+        // (the state is the same on the way out).
         let memoise = !self.faithful && g > 0;
-        let key = if memoise { self.memo_key(g) } else { 0 };
-        if memoise && self.memo.contains(&key) {
-            return Ok(false);
+        let mut key = None;
+        if memoise && !self.memo.is_empty() {
+            let k = self.memo_key(g);
+            if self.memo.contains(&k) {
+                return Ok(false);
+            }
+            key = Some(k);
         }
         let plan = self.plan;
         let group = &plan.groups[g];
@@ -629,7 +656,8 @@ impl<'a> NodeRun<'a> {
             }
         }
         if memoise && self.memo.len() < MEMO_LIMIT {
-            self.memo.insert(key);
+            let k = key.unwrap_or_else(|| self.memo_key(g));
+            self.memo.insert(k);
         }
         Ok(false)
     }
@@ -1058,11 +1086,12 @@ impl<'a> NodeRun<'a> {
         let plan = self.plan;
         let claim = &plan.claims[ci];
         let mut out: Vec<DeviceAllocationConfiguration> = Vec::new();
-        let mut class_ranges: HashMap<&str, (usize, usize)> = HashMap::new();
+        // Few requests per claim: a list is cheaper than a map.
+        let mut class_ranges: Vec<(&str, (usize, usize))> = Vec::new();
         let chosen: Vec<usize> = claim.groups.clone().map(|g| self.chosen_req(g)).collect();
         for &r in &chosen {
             let p = &plan.reqs[r];
-            if let Some(&(a, b)) = class_ranges.get(p.class_name.as_str()) {
+            if let Some(&(_, (a, b))) = class_ranges.iter().find(|(n, _)| *n == p.class_name) {
                 for c in &mut out[a..b] {
                     c.requests.get_or_insert_with(Vec::new).push(p.name.clone());
                 }
@@ -1076,7 +1105,7 @@ impl<'a> NodeRun<'a> {
                     opaque: cfg.opaque.clone(),
                 });
             }
-            class_ranges.insert(&p.class_name, (a, out.len()));
+            class_ranges.push((&p.class_name, (a, out.len())));
         }
         let claim_configs = claim
             .claim

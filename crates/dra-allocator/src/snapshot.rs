@@ -94,8 +94,9 @@ pub(crate) struct DeviceEntry {
     pub index: u32,
     /// Taints from the slice plus matching DeviceTaintRules.
     pub taints: Vec<DeviceTaint>,
-    /// Equal for devices that differ only in name: interchangeable in any solution.
-    pub sig: u128,
+    /// Equal for devices that differ only in name: interchangeable in any solution
+    /// (the signature interned to a small number, the same across the snapshot).
+    pub sym: u32,
     pub capacity: Vec<Capacity>,
     pub counters: Consumption,
     /// Hash of what CEL sees of the device: the selector-result cache key.
@@ -110,9 +111,15 @@ pub(crate) struct DeviceEntry {
     pub unrequested: Result<Option<Vec<Quantity>>, crate::capacity::CapacityError>,
     /// `resource.kubernetes.io/numaNode` (interned), for the fragmentation score.
     pub numa: Option<u32>,
+    /// `allowMultipleAllocations` is true.
+    pub multi: bool,
+    /// The device has binding conditions.
+    pub binding_conditions: bool,
+    /// The slice selects nodes per device (`perDeviceNodeSelection`).
+    pub per_device: bool,
 }
 
-const NUMA_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
+pub(crate) const NUMA_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
 
 /// How much of a device is used by allocated and in-flight claims.
 #[derive(Clone, Debug, Default)]
@@ -132,6 +139,9 @@ const CACHE_SHARDS: usize = 16;
 /// (expression id, CEL-visible device hash) → selected.
 type ResultShard = FxMap<(u32, u64), bool>;
 
+/// (expression id and what it reads of a device, see [`crate::reads::encode`]) → selected.
+type ReadShard = FxMap<Box<[u8]>, bool>;
+
 /// Past this many remembered results a shard starts over (bounded memory).
 const CACHE_SHARD_LIMIT: usize = 1 << 18;
 
@@ -145,6 +155,7 @@ pub struct SelectorCache {
     options: bool,
     expr_ids: RwLock<HashMap<String, u32>>,
     results: Vec<RwLock<ResultShard>>,
+    read_results: Vec<RwLock<ReadShard>>,
 }
 
 impl SelectorCache {
@@ -156,6 +167,9 @@ impl SelectorCache {
             options: list_type_attributes,
             expr_ids: RwLock::new(HashMap::new()),
             results: (0..CACHE_SHARDS)
+                .map(|_| RwLock::new(FxMap::default()))
+                .collect(),
+            read_results: (0..CACHE_SHARDS)
                 .map(|_| RwLock::new(FxMap::default()))
                 .collect(),
         }
@@ -173,20 +187,32 @@ pub struct Snapshot {
     pub(crate) slices: Vec<ResourceSlice>,
     pub(crate) devices: Vec<DeviceEntry>,
     pub(crate) slice_devices: Vec<(u32, u32)>,
-    node_slices: HashMap<String, Vec<u32>>,
+    node_slices: FxMap<String, Vec<u32>>,
     shared_slices: Vec<u32>,
     /// Pools sorted by (driver, pool): the index is the search order rank.
     pool_keys: Vec<(String, String)>,
     pool_slices: Vec<Vec<u32>>,
-    slice_pool: Vec<u32>,
     /// Slices ignored because they use compatibility groups (feature off).
     compat_slices: Vec<bool>,
+    /// Per slice what placement needs, without touching the (large) API objects.
+    slice_info: Vec<SliceInfo>,
+    /// The values behind [`DeviceEntry::numa`] ids.
+    numa_values: Vec<crate::attr::AttrValue>,
     usage: HashMap<DeviceId, Usage>,
     /// Per device entry, its usage (several entries can share one DeviceId).
     entry_usage: Vec<Option<Usage>>,
     id_entries: HashMap<DeviceId, Vec<u32>>,
     /// Complete pools, built once: (driver, pool) → (generation, #slices, pool).
     pool_cache: Vec<Option<(i64, usize, Arc<PoolStatic>)>>,
+}
+
+/// The parts of a slice that deciding which pools a node sees reads.
+#[derive(Clone, Copy, Debug)]
+struct SliceInfo {
+    pool: u32,
+    generation: i64,
+    /// Skipped while DRAPartitionableDevices is off (per-device placement or counters).
+    partitionable_only: bool,
 }
 
 fn hash_of<T: Hash + ?Sized>(salt: u64, v: &T) -> u64 {
@@ -311,7 +337,9 @@ impl Snapshot {
             .unwrap_or_else(|| Arc::new(SelectorCache::new(features.list_type_attributes)));
         let mut devices = Vec::new();
         let mut slice_devices = Vec::with_capacity(slices.len());
-        let mut node_slices: HashMap<String, Vec<u32>> = HashMap::new();
+        let mut node_slices: FxMap<String, Vec<u32>> = FxMap::default();
+        let mut sigs: HashMap<u128, u32> = HashMap::new();
+        let mut numa_values: Vec<crate::attr::AttrValue> = Vec::new();
         let mut shared_slices = Vec::new();
         let mut pool_slices: HashMap<(String, String), Vec<u32>> = HashMap::new();
         let mut numa_ids: HashMap<crate::attr::AttrValue, u32> = HashMap::new();
@@ -338,16 +366,28 @@ impl Snapshot {
                 );
                 let numa =
                     crate::attr::lookup(device.attributes.as_ref(), &spec.driver, NUMA_ATTRIBUTE)
-                        .map(|v| {
-                            let next = numa_ids.len() as u32;
-                            *numa_ids.entry(v).or_insert(next)
+                        .map(|v| match numa_ids.get(&v) {
+                            Some(&id) => id,
+                            None => {
+                                let id = numa_ids.len() as u32;
+                                numa_ids.insert(v.clone(), id);
+                                numa_values.push(v);
+                                id
+                            }
                         });
+                let next = sigs.len() as u32;
+                let sym = *sigs
+                    .entry(signature(slice, device, &taints))
+                    .or_insert(next);
                 devices.push(DeviceEntry {
                     slice: si as u32,
                     index: di as u32,
                     unrequested,
                     numa,
-                    sig: signature(slice, device, &taints),
+                    multi: device.allow_multiple_allocations == Some(true),
+                    binding_conditions: device.binding_conditions.is_some(),
+                    per_device: spec.per_device_node_selection == Some(true),
+                    sym,
                     cel_key: cel_key(&spec.driver, device),
                     sel_known: AtomicU64::new(0),
                     sel_value: AtomicU64::new(0),
@@ -390,6 +430,16 @@ impl Snapshot {
         let mut pool_keys: Vec<(String, String)> = pool_slices.keys().cloned().collect();
         pool_keys.sort();
         let mut slice_pool = vec![0u32; slices.len()];
+        let slice_partitionable_only: Vec<bool> = slices
+            .iter()
+            .map(|s| {
+                s.spec.per_device_node_selection.is_some()
+                    || s.spec
+                        .shared_counters
+                        .as_ref()
+                        .is_some_and(|c| !c.is_empty())
+            })
+            .collect();
         let pool_slices: Vec<Vec<u32>> = pool_keys
             .iter()
             .enumerate()
@@ -408,6 +458,17 @@ impl Snapshot {
                 .into_iter()
                 .map(|c| (c.metadata.name.clone().unwrap_or_default(), c))
                 .collect(),
+            slice_info: slices
+                .iter()
+                .zip(&slice_partitionable_only)
+                .zip(&slice_pool)
+                .map(|((s, &partitionable_only), &pool)| SliceInfo {
+                    pool,
+                    generation: s.spec.pool.generation,
+                    partitionable_only,
+                })
+                .collect(),
+            numa_values,
             slices,
             devices,
             slice_devices,
@@ -415,7 +476,6 @@ impl Snapshot {
             shared_slices,
             pool_keys,
             pool_slices,
-            slice_pool,
             compat_slices,
             usage: HashMap::new(),
             entry_usage: Vec::new(),
@@ -523,6 +583,11 @@ impl Snapshot {
         }
     }
 
+    /// The value of `resource.kubernetes.io/numaNode` behind a [`DeviceEntry::numa`] id.
+    pub(crate) fn numa_value(&self, id: u32) -> &crate::attr::AttrValue {
+        &self.numa_values[id as usize]
+    }
+
     pub(crate) fn entry_usage(&self, entry: u32) -> Option<&Usage> {
         self.entry_usage[entry as usize].as_ref()
     }
@@ -555,27 +620,59 @@ impl Snapshot {
         *ids.entry(expression.to_string()).or_insert(next)
     }
 
-    fn shard(&self, expr: u32, entry: u32) -> (&RwLock<ResultShard>, u64) {
-        let key = self.devices[entry as usize].cel_key;
-        let i = (key as usize ^ expr as usize) % CACHE_SHARDS;
-        (&self.cache.results[i], key)
-    }
-
-    pub(crate) fn cached_selector(&self, expr: u32, entry: u32) -> Option<bool> {
+    /// The result for selector `expr` on device `entry`, if known. With `reads` (what the
+    /// expression reads, see [`crate::reads`]) devices that agree on those share a result.
+    pub(crate) fn cached_selector(
+        &self,
+        expr: u32,
+        entry: u32,
+        reads: Option<&[crate::reads::Read]>,
+    ) -> Option<bool> {
         let e = &self.devices[entry as usize];
         if expr < 64 && e.sel_known.load(Ordering::Acquire) & (1 << expr) != 0 {
             return Some(e.sel_value.load(Ordering::Relaxed) & (1 << expr) != 0);
         }
-        let (shard, key) = self.shard(expr, entry);
-        let hit = shard
-            .read()
-            .expect("not poisoned")
-            .get(&(expr, key))
-            .copied();
+        let hit = match reads {
+            Some(reads) => self.with_read_key(expr, entry, reads, |shard, key| {
+                shard.read().expect("not poisoned").get(key).copied()
+            }),
+            None => self
+                .shard(expr, e.cel_key)
+                .read()
+                .expect("not poisoned")
+                .get(&(expr, e.cel_key))
+                .copied(),
+        };
         if let Some(b) = hit {
             self.remember_here(expr, entry, b);
         }
         hit
+    }
+
+    /// Runs `f` with the shard and key for what `reads` sees of a device (a per-thread
+    /// buffer: no allocation per lookup).
+    fn with_read_key<T>(
+        &self,
+        expr: u32,
+        entry: u32,
+        reads: &[crate::reads::Read],
+        f: impl FnOnce(&RwLock<ReadShard>, &[u8]) -> T,
+    ) -> T {
+        thread_local! {
+            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let (slice, device) = self.device(entry);
+        BUF.with_borrow_mut(|buf| {
+            crate::reads::encode(buf, expr, &slice.spec.driver, device, reads);
+            let mut h = crate::fxhash::FxHasher::default();
+            std::hash::Hasher::write(&mut h, buf);
+            let i = std::hash::Hasher::finish(&h) as usize % CACHE_SHARDS;
+            f(&self.cache.read_results[i], buf)
+        })
+    }
+
+    fn shard(&self, expr: u32, key: u64) -> &RwLock<ResultShard> {
+        &self.cache.results[(key as usize ^ expr as usize) % CACHE_SHARDS]
     }
 
     fn remember_here(&self, expr: u32, entry: u32, matches: bool) {
@@ -588,14 +685,31 @@ impl Snapshot {
         }
     }
 
-    pub(crate) fn cache_selector(&self, expr: u32, entry: u32, matches: bool) {
+    pub(crate) fn cache_selector(
+        &self,
+        expr: u32,
+        entry: u32,
+        reads: Option<&[crate::reads::Read]>,
+        matches: bool,
+    ) {
         self.remember_here(expr, entry, matches);
-        let (shard, key) = self.shard(expr, entry);
-        let mut map = shard.write().expect("not poisoned");
-        if map.len() >= CACHE_SHARD_LIMIT {
-            map.clear();
+        match reads {
+            Some(reads) => self.with_read_key(expr, entry, reads, |shard, key| {
+                let mut map = shard.write().expect("not poisoned");
+                if map.len() >= CACHE_SHARD_LIMIT {
+                    map.clear();
+                }
+                map.insert(key.into(), matches);
+            }),
+            None => {
+                let key = self.devices[entry as usize].cel_key;
+                let mut map = self.shard(expr, key).write().expect("not poisoned");
+                if map.len() >= CACHE_SHARD_LIMIT {
+                    map.clear();
+                }
+                map.insert((expr, key), matches);
+            }
         }
-        map.insert((expr, key), matches);
     }
 
     /// The compiled selectors and results, to hand to the next snapshot.
@@ -607,30 +721,34 @@ impl Snapshot {
     pub(crate) fn gather_pools(&self, node: &Node) -> Result<NodePools, AllocError> {
         let node_name = node.metadata.name.as_deref().unwrap_or_default();
         let features = &self.features;
-        // (pool index = search rank, generation, slices); few per node, so a Vec.
-        let mut relevant: Vec<(u32, i64, Vec<u32>)> = Vec::new();
         let local = self
             .node_slices
             .get(node_name)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        for &si in local.iter().chain(self.shared_slices.iter()) {
+        // (pool index = search rank, generation, slice) of every slice the node sees.
+        let mut seen: Vec<(u32, i64, u32)> =
+            Vec::with_capacity(local.len() + self.shared_slices.len());
+        // Slices listed under the node's name target it by `nodeName`: nothing to check.
+        for &si in local {
+            let info = self.slice_info[si as usize];
+            if !features.partitionable_devices && info.partitionable_only {
+                continue;
+            }
+            seen.push((info.pool, info.generation, si));
+        }
+        for &si in &self.shared_slices {
+            let info = self.slice_info[si as usize];
+            if !features.partitionable_devices && info.partitionable_only {
+                continue;
+            }
             let slice = &self.slices[si as usize];
             let spec = &slice.spec;
             let slice_err = |e: crate::nodesel::NodeSelectorError| AllocError::InvalidSlice {
                 slice: slice.metadata.name.clone().unwrap_or_default(),
                 message: e.to_string(),
             };
-            if !features.partitionable_devices
-                && (spec.per_device_node_selection.is_some()
-                    || spec.shared_counters.as_ref().is_some_and(|c| !c.is_empty()))
-            {
-                continue;
-            }
-            let node_name_set = spec.node_name.as_deref().is_some_and(|n| !n.is_empty());
-            let is_relevant = if node_name_set {
-                spec.node_name.as_deref() == Some(node_name)
-            } else if spec.all_nodes == Some(true) {
+            let is_relevant = if spec.all_nodes == Some(true) {
                 true
             } else if let Some(sel) = &spec.node_selector {
                 node_matches(node, sel).map_err(slice_err)?
@@ -646,66 +764,62 @@ impl Snapshot {
             } else {
                 false
             };
-            if !is_relevant {
-                continue;
-            }
-            let pi = self.slice_pool[si as usize];
-            let generation = spec.pool.generation;
-            let e = match relevant.iter().position(|r| r.0 == pi) {
-                Some(i) => &mut relevant[i],
-                None => {
-                    relevant.push((pi, generation, Vec::new()));
-                    relevant.last_mut().expect("pushed")
-                }
-            };
-            if generation > e.1 {
-                e.1 = generation;
-                e.2.clear();
-            }
-            if generation == e.1 {
-                e.2.push(si);
+            if is_relevant {
+                seen.push((info.pool, info.generation, si));
             }
         }
+        // Stable: slices of one pool keep the order they were met in.
+        seen.sort_by_key(|t| t.0);
 
-        let mut pools = Vec::new();
+        let mut pools = Vec::with_capacity(seen.len());
         let mut with_binding = Vec::new();
-        relevant.sort_unstable_by_key(|r| r.0);
-        for (pi, generation, slices) in relevant {
+        let mut rest = seen.as_slice();
+        while let Some(&(pi, _, _)) = rest.first() {
+            let n_all = rest.iter().take_while(|t| t.0 == pi).count();
+            let (group, tail) = rest.split_at(n_all);
+            rest = tail;
+            // Only the newest generation the node sees counts.
+            let generation = group.iter().map(|t| t.1).max().expect("not empty");
+            let newest = || group.iter().filter(|t| t.1 == generation).map(|t| t.2);
+            let n = newest().count();
             let (driver, pool) = (
                 self.pool_keys[pi as usize].0.as_str(),
                 self.pool_keys[pi as usize].1.as_str(),
             );
-            let count = self.slices[slices[0] as usize]
-                .spec
-                .pool
-                .resource_slice_count;
+            let first = newest().next().expect("not empty");
+            let count = self.slices[first as usize].spec.pool.resource_slice_count;
             let mut not_targeting = Vec::new();
-            if slices.len() as i64 != count {
+            if n as i64 != count {
                 let all = &self.pool_slices[pi as usize];
                 if all
                     .iter()
-                    .any(|&s| self.slices[s as usize].spec.pool.generation > generation)
+                    .any(|&s| self.slice_info[s as usize].generation > generation)
                 {
                     continue; // obsolete: a newer generation exists elsewhere
                 }
                 let same: Vec<u32> = all
                     .iter()
                     .copied()
-                    .filter(|&s| self.slices[s as usize].spec.pool.generation == generation)
+                    .filter(|&s| self.slice_info[s as usize].generation == generation)
                     .filter(|&s| !self.compat_slices[s as usize])
                     .collect();
                 if same.len() as i64 != count {
                     pools.push(PoolInfo::broken(driver, pool, PoolState::Incomplete));
                     continue;
                 }
-                not_targeting = same.into_iter().filter(|s| !slices.contains(s)).collect();
+                not_targeting = same
+                    .into_iter()
+                    .filter(|s| !newest().any(|t| t == *s))
+                    .collect();
             }
-            let cached = self.pool_cache[pi as usize].as_ref().filter(|(g, n, _)| {
-                *g == generation && *n == slices.len() && not_targeting.is_empty()
-            });
+            let cached = self.pool_cache[pi as usize]
+                .as_ref()
+                .filter(|(g, c, _)| *g == generation && *c == n && not_targeting.is_empty());
             let stat = match cached {
                 Some((_, _, s)) => Arc::clone(s),
-                None => Arc::new(self.build_static(driver, pool, slices, not_targeting)),
+                None => {
+                    Arc::new(self.build_static(driver, pool, newest().collect(), not_targeting))
+                }
             };
             let info = self.instantiate(stat);
             if info.has_binding_conditions {
@@ -818,7 +932,7 @@ impl Snapshot {
         }
         for &s in &device_slices {
             let (a, b) = self.slice_devices[s as usize];
-            if (a..b).any(|e| self.device(e).1.binding_conditions.is_some()) {
+            if (a..b).any(|e| self.devices[e as usize].binding_conditions) {
                 info.has_binding_conditions = true;
             }
             info.entries.extend(a..b);
