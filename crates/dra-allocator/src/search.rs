@@ -68,6 +68,19 @@ struct ReqRun {
     stats: RequestExplanation,
 }
 
+impl ReqRun {
+    /// Empty, keeping capacity.
+    fn clear(&mut self) {
+        self.cand.clear();
+        self.all.clear();
+        self.blocked.clear();
+        self.errors.clear();
+        self.need.clear();
+        self.any_multi = false;
+        self.stats = RequestExplanation::default();
+    }
+}
+
 struct Pick {
     req: usize,
     dev: u32,
@@ -88,7 +101,7 @@ pub(crate) struct NodeRun<'a> {
     snap: &'a Snapshot,
     plan: &'a Plan,
     node: &'a Node,
-    node_name: String,
+    node_name: &'a str,
     limits: Limits<'a>,
     pools: Vec<PoolInfo>,
     devs: Vec<Dev>,
@@ -111,6 +124,65 @@ pub(crate) struct NodeRun<'a> {
     steps: u64,
     marks: Vec<u32>,
     epoch: u32,
+    /// Kept for [`Snapshot::gather_pools`] of the next attempt.
+    seen: Vec<(u32, i64, u32)>,
+}
+
+/// The buffers of one attempt, kept per thread for the next one (emptied, capacity kept),
+/// so that the per-node path allocates little besides its answer.
+#[derive(Default)]
+struct Scratch {
+    pools: Vec<PoolInfo>,
+    seen: Vec<(u32, i64, u32)>,
+    devs: Vec<Dev>,
+    claim_mask: Vec<u64>,
+    alloc_capacity: Vec<Option<Vec<Quantity>>>,
+    alloc_shares: Vec<u32>,
+    marks: Vec<u32>,
+    chosen: Vec<Option<usize>>,
+    reqs: Vec<ReqRun>,
+    results: Vec<Vec<Pick>>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+fn emptied<T>(v: &mut Vec<T>) -> Vec<T> {
+    let mut v = std::mem::take(v);
+    v.clear();
+    v
+}
+
+impl Drop for NodeRun<'_> {
+    fn drop(&mut self) {
+        let mut reqs = std::mem::take(&mut self.reqs);
+        for r in &mut reqs {
+            r.clear();
+        }
+        let mut results = std::mem::take(&mut self.results);
+        for r in &mut results {
+            r.clear();
+        }
+        let sc = Scratch {
+            pools: emptied(&mut self.pools),
+            seen: emptied(&mut self.seen),
+            devs: emptied(&mut self.devs),
+            claim_mask: emptied(&mut self.claim_mask),
+            alloc_capacity: emptied(&mut self.alloc_capacity),
+            alloc_shares: emptied(&mut self.alloc_shares),
+            marks: emptied(&mut self.marks),
+            chosen: emptied(&mut self.chosen),
+            reqs,
+            results,
+        };
+        // Nothing to keep if the thread is going away.
+        let _ = SCRATCH.try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut() {
+                *s = sc;
+            }
+        });
+    }
 }
 
 fn taint_blocks(taints: &[DeviceTaint], tolerations: &[DeviceToleration]) -> bool {
@@ -166,14 +238,22 @@ impl<'a> NodeRun<'a> {
                 message: "at most 64 claims per pod are supported".into(),
             });
         }
-        let pools = snap.gather_pools(node)?.pools;
+        // Buffers left by the previous attempt on this thread (emptied, capacity kept).
+        let mut sc = SCRATCH
+            .try_with(|s| s.try_borrow_mut().map(|mut s| std::mem::take(&mut *s)).ok())
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let mut pools = std::mem::take(&mut sc.pools);
+        snap.gather_pools(node, &mut pools, &mut sc.seen)?;
         let features = snap.features();
         let ndev: usize = pools
             .iter()
             .filter(|p| p.state == PoolState::Usable)
             .map(|p| p.entries.len())
             .sum();
-        let mut devs = Vec::with_capacity(ndev);
+        let mut devs = std::mem::take(&mut sc.devs);
+        devs.reserve(ndev);
         for (pi, pool) in pools.iter().enumerate() {
             if pool.state != PoolState::Usable {
                 continue;
@@ -220,6 +300,22 @@ impl<'a> NodeRun<'a> {
             }
         }
         let ndev = devs.len();
+        let mut claim_mask = std::mem::take(&mut sc.claim_mask);
+        claim_mask.resize(ndev, 0);
+        let mut alloc_capacity = std::mem::take(&mut sc.alloc_capacity);
+        alloc_capacity.resize_with(ndev, || None);
+        let mut alloc_shares = std::mem::take(&mut sc.alloc_shares);
+        alloc_shares.resize(ndev, 0);
+        let mut marks = std::mem::take(&mut sc.marks);
+        marks.resize(ndev, 0);
+        let mut chosen = std::mem::take(&mut sc.chosen);
+        chosen.resize(plan.groups.len(), None);
+        let mut results = std::mem::take(&mut sc.results);
+        results.truncate(plan.claims.len());
+        results.resize_with(plan.claims.len(), Vec::new);
+        let mut reqs = std::mem::take(&mut sc.reqs);
+        reqs.truncate(plan.reqs.len());
+        reqs.resize_with(plan.reqs.len(), ReqRun::default);
         let consumed = pools
             .iter()
             .map(|p| vec![Quantity::ZERO; p.available.len()])
@@ -254,28 +350,30 @@ impl<'a> NodeRun<'a> {
             snap,
             plan,
             node,
-            node_name: node.metadata.name.clone().unwrap_or_default(),
+            node_name: node.metadata.name.as_deref().unwrap_or_default(),
             limits,
             pools,
             devs,
-            reqs: Vec::new(),
+            reqs,
             attr_values,
-            claim_mask: vec![0; ndev],
-            alloc_capacity: (0..ndev).map(|_| None).collect(),
-            alloc_shares: vec![0; ndev],
+            claim_mask,
+            alloc_capacity,
+            alloc_shares,
             consumed,
             cstate,
-            results: plan.claims.iter().map(|_| Vec::new()).collect(),
-            chosen: vec![None; plan.groups.len()],
+            results,
+            chosen,
             memo: FxSet::default(),
             faithful: plan.reqs.iter().any(|r| r.all && !r.constraints.is_empty()),
             steps: 0,
-            marks: vec![0; ndev],
+            marks,
             epoch: 0,
+            seen: std::mem::take(&mut sc.seen),
         };
         for r in 0..plan.reqs.len() {
-            let rr = run.candidates(&plan.reqs[r])?;
-            run.reqs.push(rr);
+            let mut rr = std::mem::take(&mut run.reqs[r]);
+            run.candidates(&plan.reqs[r], &mut rr)?;
+            run.reqs[r] = rr;
         }
         if plan.packing {
             run.order_for_packing();
@@ -398,9 +496,9 @@ impl<'a> NodeRun<'a> {
         Ok((true, eval(&r.selectors, &req_ctx)?))
     }
 
-    fn candidates(&self, r: &ReqPlan) -> Result<ReqRun, AllocError> {
+    /// Fills `rr` (empty) with request `r`'s candidates on this node.
+    fn candidates(&self, r: &ReqPlan, rr: &mut ReqRun) -> Result<(), AllocError> {
         let features = self.snap.features();
-        let mut rr = ReqRun::default();
         let st = &mut rr.stats;
         st.needed = (!r.all).then_some(r.count);
         st.on_node = self.devs.len();
@@ -542,7 +640,7 @@ impl<'a> NodeRun<'a> {
         if r.all {
             st.needed = None;
         }
-        Ok(rr)
+        Ok(())
     }
 
     fn capacity_fits(&self, need: Option<&Vec<Quantity>>, d: u32) -> bool {
@@ -695,7 +793,10 @@ impl<'a> NodeRun<'a> {
         if have < needed && !self.faithful {
             return Ok(false);
         }
-        let mut tried: Vec<u32> = Vec::new();
+        // Symmetry classes tried at this slot: few, so kept inline.
+        let mut tried = [0u32; 8];
+        let mut n_tried = 0usize;
+        let mut tried_more: Vec<u32> = Vec::new();
         for i in start..self.reqs[r].cand.len() {
             let d = self.reqs[r].cand[i];
             if p.admin {
@@ -716,10 +817,15 @@ impl<'a> NodeRun<'a> {
             let clean = self.clean(d);
             let sym = self.devs[d as usize].sym;
             if clean && !self.faithful {
-                if tried.contains(&sym) {
+                if tried[..n_tried].contains(&sym) || tried_more.contains(&sym) {
                     continue;
                 }
-                tried.push(sym);
+                if n_tried < tried.len() {
+                    tried[n_tried] = sym;
+                    n_tried += 1;
+                } else {
+                    tried_more.push(sym);
+                }
             }
             let Some(undo) = self.try_add(r, d, false)? else {
                 continue;
@@ -954,17 +1060,11 @@ impl<'a> NodeRun<'a> {
             }
             let epoch = self.next_epoch();
             let mut supply = 0usize;
-            let mut lists_to_scan: Vec<(usize, usize)> = Vec::new();
-            if in_scope {
-                lists_to_scan.push((r, start));
-            }
-            for h in p.group + 1..claim.groups.end {
-                for &a in &plan.groups[h].alts {
-                    if plan.reqs[a].constraints.contains(&c) {
-                        lists_to_scan.push((a, 0));
-                    }
-                }
-            }
+            let later = (p.group + 1..claim.groups.end)
+                .flat_map(|h| plan.groups[h].alts.iter())
+                .filter(|&&a| plan.reqs[a].constraints.contains(&c))
+                .map(|&a| (a, 0));
+            let lists_to_scan = in_scope.then_some((r, start)).into_iter().chain(later);
             for (a, from) in lists_to_scan {
                 let ap = &plan.reqs[a];
                 let rr = &self.reqs[a];
@@ -1161,7 +1261,7 @@ impl<'a> NodeRun<'a> {
                         match_fields: Some(vec![NodeSelectorRequirement {
                             key: "metadata.name".into(),
                             operator: "In".into(),
-                            values: Some(vec![self.node_name.clone()]),
+                            values: Some(vec![self.node_name.to_string()]),
                         }]),
                         match_expressions: None,
                     }],
@@ -1242,7 +1342,7 @@ impl<'a> NodeRun<'a> {
     pub(crate) fn explain(&self) -> Explanation {
         let plan = self.plan;
         let mut e = Explanation {
-            node: self.node_name.clone(),
+            node: self.node_name.to_string(),
             ..Default::default()
         };
         for p in &self.pools {

@@ -717,8 +717,14 @@ impl Snapshot {
         Arc::clone(&self.cache)
     }
 
-    /// The pools a node sees, in upstream order, with their devices (see [`NodePools`]).
-    pub(crate) fn gather_pools(&self, node: &Node) -> Result<NodePools, AllocError> {
+    /// The pools a node sees, in upstream order, with their devices, into `pools` (empty);
+    /// `seen` is a buffer.
+    pub(crate) fn gather_pools(
+        &self,
+        node: &Node,
+        pools: &mut Vec<PoolInfo>,
+        seen: &mut Vec<(u32, i64, u32)>,
+    ) -> Result<(), AllocError> {
         let node_name = node.metadata.name.as_deref().unwrap_or_default();
         let features = &self.features;
         let local = self
@@ -727,8 +733,7 @@ impl Snapshot {
             .map(Vec::as_slice)
             .unwrap_or_default();
         // (pool index = search rank, generation, slice) of every slice the node sees.
-        let mut seen: Vec<(u32, i64, u32)> =
-            Vec::with_capacity(local.len() + self.shared_slices.len());
+        seen.clear();
         // Slices listed under the node's name target it by `nodeName`: nothing to check.
         for &si in local {
             let info = self.slice_info[si as usize];
@@ -771,7 +776,6 @@ impl Snapshot {
         // Stable: slices of one pool keep the order they were met in.
         seen.sort_by_key(|t| t.0);
 
-        let mut pools = Vec::with_capacity(seen.len());
         let mut with_binding = Vec::new();
         let mut rest = seen.as_slice();
         while let Some(&(pi, _, _)) = rest.first() {
@@ -829,7 +833,7 @@ impl Snapshot {
             }
         }
         pools.extend(with_binding);
-        Ok(NodePools { pools })
+        Ok(())
     }
 
     /// The node-independent part of a pool: slices sorted by name, validity, shared
@@ -1034,9 +1038,4 @@ impl PoolInfo {
             available: Vec::new(),
         }
     }
-}
-
-#[derive(Debug)]
-pub(crate) struct NodePools {
-    pub pools: Vec<PoolInfo>,
 }
