@@ -22,8 +22,12 @@
 //! answer is the one Kubernetes would pick; pruning (counting bounds, matchAttribute supply,
 //! interchangeable devices tried once, failed states remembered) only skips what cannot
 //! succeed. [`Allocator::packing`] switches to best fit that keeps NUMA domains whole.
-//! Selector results are cached per snapshot by what CEL can see of a device; hand
-//! [`Snapshot::selector_cache`] to the next snapshot to keep them across rebuilds.
+//! Selector results are cached per snapshot by what CEL can see of a device, or, for
+//! selectors that plainly read only `device.driver` and named attributes or capacities, by
+//! just those values (one evaluation for all devices of a kind); hand
+//! [`Snapshot::selector_cache`] to the next snapshot to keep them across rebuilds. Compiled
+//! selectors are shared process-wide. Per-node buffers are reused per thread, so an attempt
+//! allocates little besides its `AllocationResult`.
 //!
 //! ## Example
 //!

@@ -110,15 +110,12 @@ fn compile(
                 ),
             });
         };
-        let selector =
-            snapshot
-                .cache
-                .env
-                .compile(&cel.expression)
-                .map_err(|e| AllocError::Cel {
-                    context: context(i),
-                    source: e.with_context(context(i)),
-                })?;
+        let selector = snapshot
+            .compile(&cel.expression)
+            .map_err(|e| AllocError::Cel {
+                context: context(i),
+                source: e.with_context(context(i)),
+            })?;
         out.push(CompiledSelector {
             expr: snapshot.expr_id(&cel.expression),
             selector,

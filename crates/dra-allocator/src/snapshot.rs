@@ -712,6 +712,32 @@ impl Snapshot {
         }
     }
 
+    /// Compiles a selector expression. Compiled programs are shared by every snapshot in
+    /// the process (as Kubernetes keeps one CEL compile cache per process): a fresh
+    /// snapshot evaluates selectors anew but does not compile them again.
+    pub(crate) fn compile(
+        &self,
+        expression: &str,
+    ) -> Result<Arc<dra_cel::Selector>, dra_cel::CelError> {
+        type Compiled = RwLock<FxMap<(bool, String), Arc<dra_cel::Selector>>>;
+        static SHARED: std::sync::OnceLock<Compiled> = std::sync::OnceLock::new();
+        /// Selectors come from DeviceClasses and claims: a cluster stays far below this.
+        const LIMIT: usize = 10_000;
+        let shared = SHARED.get_or_init(Default::default);
+        let options = self.cache.options;
+        let key = (options, expression.to_string());
+        if let Some(s) = shared.read().expect("not poisoned").get(&key) {
+            return Ok(Arc::clone(s));
+        }
+        let selector = self.cache.env.compile(expression)?;
+        let mut map = shared.write().expect("not poisoned");
+        if map.len() >= LIMIT {
+            map.clear();
+        }
+        map.insert(key, Arc::clone(&selector));
+        Ok(selector)
+    }
+
     /// The compiled selectors and results, to hand to the next snapshot.
     pub fn selector_cache(&self) -> Arc<SelectorCache> {
         Arc::clone(&self.cache)
