@@ -3,7 +3,7 @@
 //! real API server, pods bound, events and conditions a person reads.
 
 use std::collections::HashSet;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Pod};
@@ -12,46 +12,11 @@ use kube::Api;
 use kube::api::ListParams;
 use test_cluster::{TestCluster, eventually};
 
-/// A scheduler process, stopped when dropped.
-struct Daemon {
-    child: Child,
-    metrics: String,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+mod common;
+use common::{Daemon, apply_fleet_and_burst, start_scheduler_with};
 
 fn start_scheduler(cluster: &TestCluster) -> Daemon {
     start_scheduler_with(cluster, &[])
-}
-
-fn start_scheduler_with(cluster: &TestCluster, extra: &[&str]) -> Daemon {
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_dra-scheduler"))
-        .args(["run", "--kubeconfig"])
-        .arg(cluster.kubeconfig_path())
-        .args(["--metrics-bind-address", &format!("127.0.0.1:{port}")])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start dra-scheduler run");
-    Daemon {
-        child,
-        metrics: format!("http://127.0.0.1:{port}"),
-    }
 }
 
 fn apply(cluster: &TestCluster, paths: &[&str]) {
@@ -323,42 +288,6 @@ async fn one_claim_shared_by_four_pods() {
     assert_eq!(devices(&claim)[0].1, "gpu.nvidia.com/gpu-node-1/gpu-1");
 }
 
-/// A fleet of `nodes` x `gpus` from `generate-fleet`, and a Deployment of `replicas` pods
-/// that each want one GPU.
-fn apply_fleet_and_burst(cluster: &TestCluster, nodes: usize, gpus: usize, replicas: usize) {
-    let dir = std::env::temp_dir().join(format!("burst-{}-{nodes}-{replicas}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_dra-scheduler"))
-        .args(["generate-fleet", "--nodes", &nodes.to_string()])
-        .args(["--gpus", &gpus.to_string(), "--pods", "0"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    std::fs::write(dir.join("fleet.yaml"), &out.stdout).unwrap();
-    std::fs::write(
-        dir.join("workload.yaml"),
-        format!(
-            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: burst}}\nspec:\n  replicas: {replicas}\n  \
-             selector: {{matchLabels: {{app: burst}}}}\n  template:\n    metadata: {{labels: {{app: burst}}}}\n    \
-             spec:\n      schedulerName: dra-scheduler\n      resourceClaims: [{{name: gpu, resourceClaimTemplateName: one-gpu}}]\n      \
-             containers: [{{name: c, image: busybox, resources: {{claims: [{{name: gpu}}]}}}}]\n"
-        ),
-    )
-    .unwrap();
-    let out = cluster
-        .kubectl()
-        .args(["apply", "-f"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
 /// Every allocated device appears once; returns how many there are.
 async fn assert_no_device_twice(client: &kube::Client) -> usize {
     let claims = Api::<ResourceClaim>::namespaced(client.clone(), "default")
@@ -612,6 +541,9 @@ async fn bad_input_is_reported_on_its_pod_and_the_rest_is_scheduled() {
     // A claim that is being deleted.
     let deleting = expect("uses-deleted-claim", "ResourceClaim default/going").await;
     assert!(deleting.contains("being deleted"), "{deleting}");
+    // A claim that does not exist: reported once it has been missing for 10 s.
+    let missing_claim = expect("uses-missing-claim", "ResourceClaim default/never-created").await;
+    assert!(missing_claim.ends_with("not found"), "{missing_claim}");
     // A slice of a driver no class selects is ignored: the good pod got node-a's GPU.
     let claim = Api::<ResourceClaim>::namespaced(client.clone(), "default")
         .get("good-gpu")

@@ -70,6 +70,12 @@ async fn write_claim(
 ) -> Result<(bool, ResourceClaim), String> {
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &decision.key.namespace);
     let name = &decision.key.name;
+    // The claim as the informer had it when the decision was made saves a read: when this
+    // decision allocates it, nobody else's assumption can be in it. A conflict reads afresh.
+    let mut known = decision
+        .allocation
+        .is_some()
+        .then(|| decision.claim.clone());
     if decision.create {
         let mut claim = decision.claim.clone();
         for owner in claim.metadata.owner_references.iter_mut().flatten() {
@@ -83,8 +89,8 @@ async fn write_claim(
             )
             .await
         {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Ok(created) => known = Some(created),
+            Err(kube::Error::Api(s)) if s.code == 409 => known = None,
             Err(e) => {
                 return Err(format!(
                     "create ResourceClaim {}: {}",
@@ -96,10 +102,13 @@ async fn write_claim(
     }
     let me = consumer(placement);
     for _ in 0..CONFLICT_RETRIES {
-        let mut claim = api
-            .get(name)
-            .await
-            .map_err(|e| format!("read ResourceClaim {}: {}", decision.key, describe(&e)))?;
+        let mut claim = match known.take() {
+            Some(claim) => claim,
+            None => api
+                .get(name)
+                .await
+                .map_err(|e| format!("read ResourceClaim {}: {}", decision.key, describe(&e)))?,
+        };
         if claim.metadata.deletion_timestamp.is_some() {
             return Err(format!("ResourceClaim {} is being deleted", decision.key));
         }

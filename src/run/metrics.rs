@@ -151,7 +151,9 @@ impl Metrics {
         resource: &str,
         call: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, kube::Error> {
-        if let Some(throttle) = &self.throttle {
+        // Events have their own budget, as in kube-scheduler (a separate client); they are
+        // few here, one per distinct message per pod.
+        if let Some(throttle) = self.throttle.as_ref().filter(|_| resource != "events") {
             throttle.acquire().await;
         }
         let started = std::time::Instant::now();

@@ -44,6 +44,9 @@ const KINDS: [&str; 6] = [
     "DeviceTaintRule",
 ];
 
+/// How long a pod may wait for a claim that does not exist before the user is told.
+const GATED_REPORT_AFTER: Duration = Duration::from_secs(10);
+
 /// A change from one of the informers.
 // Each change is applied as soon as it arrives; boxing the large variants buys nothing.
 #[allow(clippy::large_enum_variant)]
@@ -364,7 +367,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 Some(false) => {}
                 None => anyhow::bail!("leader election stopped"),
             },
-            _ = tick.tick() => queue.flush_backoff(Instant::now()),
+            _ = tick.tick() => {
+                let now = Instant::now();
+                queue.flush_backoff(now);
+                // A claim that has not appeared for a while is worth telling the user about.
+                for pod in queue.overdue_gated(now, GATED_REPORT_AFTER) {
+                    if let Some(message) = engine.claims_missing(&pod) {
+                        let uid = engine.state().pods.get(&pod).and_then(|p| p.metadata.uid.clone());
+                        user.failed(pod, uid, message);
+                    }
+                }
+            }
             _ = &mut shutdown => {
                 tracing::info!("shutting down: no new pods; waiting for bindings in flight");
                 break;
@@ -381,6 +394,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         for _ in 0..64 {
             let Some(key) = queue.pop() else { break };
             if in_flight.contains_key(&key) {
+                continue;
+            }
+            if engine.claims_missing(&key).is_some() {
+                queue.gate(&key, Instant::now());
                 continue;
             }
             let started = Instant::now();
@@ -462,7 +479,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         if user.told.len() > 64 && user.told.len() > 2 * queue.len() {
             user.told.retain(|pod, _| queue.contains(pod));
         }
-        let (active, backoff, unschedulable) = queue.lengths();
+        let (active, backoff, unschedulable, gated) = queue.lengths();
+        metrics
+            .pending
+            .with_label_values(&["gated"])
+            .set(gated as i64);
         metrics
             .pending
             .with_label_values(&["active"])

@@ -2,7 +2,10 @@
 //! - active: ready to be tried, higher priority first, then the order they arrived;
 //! - backoff: tried and failed with an error, retried after an exponential, capped delay;
 //! - unschedulable: no node fits; retried only when a cluster event could change that
-//!   ([`SchedulingQueue::cluster_changed`]), not by polling.
+//!   ([`SchedulingQueue::cluster_changed`]), not by polling;
+//! - gated: a claim the pod names does not exist yet (kube-controller-manager creates claims
+//!   from templates just after the pod): no attempt, no event, until the pod or a claim
+//!   changes (kube-scheduler's PreEnqueue). One still gated after a while is reported.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
@@ -29,6 +32,9 @@ struct Entry {
     arrival: u64,
     attempts: u32,
     place: Place,
+    /// When it was first gated (kept across wake-ups) and whether that was reported.
+    gated_since: Option<Instant>,
+    gate_told: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +43,8 @@ enum Place {
     Backoff(Instant),
     Unschedulable,
     InFlight,
+    /// Waiting for its claims since the instant; whether that has been reported.
+    Gated(Instant, bool),
 }
 
 impl SchedulingQueue {
@@ -57,6 +65,8 @@ impl SchedulingQueue {
                 arrival,
                 attempts: 0,
                 place: Place::Active,
+                gated_since: None,
+                gate_told: false,
             },
         );
     }
@@ -106,6 +116,31 @@ impl SchedulingQueue {
         }
     }
 
+    /// A claim the pod names does not exist yet: wait for it without an attempt.
+    pub fn gate(&mut self, key: &ObjectKey, now: Instant) {
+        if let Some(e) = self.pods.get_mut(key) {
+            // Popped again after a wake-up: keep when it started waiting.
+            let since = e.gated_since.unwrap_or(now);
+            e.gated_since = Some(since);
+            e.place = Place::Gated(since, e.gate_told);
+        }
+    }
+
+    /// Pods gated for at least `after` and not yet reported; they are marked reported.
+    pub fn overdue_gated(&mut self, now: Instant, after: Duration) -> Vec<ObjectKey> {
+        let mut due = Vec::new();
+        for (key, e) in self.pods.iter_mut() {
+            if let Place::Gated(since, false) = e.place
+                && now.saturating_duration_since(since) >= after
+            {
+                e.place = Place::Gated(since, true);
+                e.gate_told = true;
+                due.push(key.clone());
+            }
+        }
+        due
+    }
+
     /// The attempt failed (an error, or a write that did not land): retry after a delay.
     pub fn backoff(&mut self, key: &ObjectKey, now: Instant) {
         if let Some(e) = self.pods.get_mut(key) {
@@ -119,7 +154,7 @@ impl SchedulingQueue {
     /// waits as unschedulable, try it again.
     pub fn pod_updated(&mut self, key: &ObjectKey) {
         if let Some(e) = self.pods.get_mut(key)
-            && e.place == Place::Unschedulable
+            && matches!(e.place, Place::Unschedulable | Place::Gated(..))
         {
             e.place = Place::Active;
             self.active
@@ -130,7 +165,7 @@ impl SchedulingQueue {
     /// Something changed that could make unschedulable pods fit: try them again.
     pub fn cluster_changed(&mut self) {
         for (key, e) in self.pods.iter_mut() {
-            if e.place == Place::Unschedulable {
+            if matches!(e.place, Place::Unschedulable | Place::Gated(..)) {
                 e.place = Place::Active;
                 self.active
                     .insert((Reverse(e.priority), e.arrival, key.clone()));
@@ -151,18 +186,20 @@ impl SchedulingQueue {
         }
     }
 
-    /// Pods per queue, for metrics: (active, backoff, unschedulable).
-    pub fn lengths(&self) -> (usize, usize, usize) {
+    /// Pods per queue, for metrics: (active, backoff, unschedulable, gated).
+    pub fn lengths(&self) -> (usize, usize, usize, usize) {
         let mut backoff = 0;
         let mut unschedulable = 0;
+        let mut gated = 0;
         for e in self.pods.values() {
             match e.place {
                 Place::Backoff(_) => backoff += 1,
                 Place::Unschedulable => unschedulable += 1,
+                Place::Gated(..) => gated += 1,
                 _ => {}
             }
         }
-        (self.active.len(), backoff, unschedulable)
+        (self.active.len(), backoff, unschedulable, gated)
     }
 }
 
@@ -195,12 +232,42 @@ mod tests {
         q.unschedulable(&key("a"));
         q.flush_backoff(Instant::now() + Duration::from_secs(3600));
         assert_eq!(q.pop(), None, "no polling");
-        assert_eq!(q.lengths(), (0, 0, 1));
+        assert_eq!(q.lengths(), (0, 0, 1, 0));
         q.cluster_changed();
         assert_eq!(q.pop(), Some(key("a")));
         q.unschedulable(&key("a"));
         q.pod_updated(&key("a"));
         assert_eq!(q.pop(), Some(key("a")), "its own update retries it");
+    }
+
+    #[test]
+    fn a_pod_waiting_for_its_claim_is_not_tried_and_reported_once_late() {
+        let mut q = SchedulingQueue::default();
+        let t0 = Instant::now();
+        q.add(key("a"), 0);
+        assert_eq!(q.pop(), Some(key("a")));
+        q.gate(&key("a"), t0);
+        assert_eq!(q.pop(), None);
+        assert_eq!(q.lengths(), (0, 0, 0, 1));
+        q.cluster_changed(); // e.g. a claim was created
+        assert_eq!(q.pop(), Some(key("a")));
+        q.gate(&key("a"), t0 + Duration::from_secs(5)); // still missing
+        assert!(
+            q.overdue_gated(t0 + Duration::from_secs(9), Duration::from_secs(10))
+                .is_empty()
+        );
+        assert_eq!(
+            q.overdue_gated(t0 + Duration::from_secs(10), Duration::from_secs(10)),
+            [key("a")],
+            "counted from when it first waited"
+        );
+        assert!(
+            q.overdue_gated(t0 + Duration::from_secs(60), Duration::from_secs(10))
+                .is_empty(),
+            "reported once"
+        );
+        q.pod_updated(&key("a"));
+        assert_eq!(q.pop(), Some(key("a")), "its own update wakes it");
     }
 
     #[test]

@@ -261,6 +261,9 @@ apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 clientConnection:
   kubeconfig: $dir/scheduler.kubeconfig
+  # The same write budget as dra-scheduler's default, so comparisons are fair.
+  qps: 100
+  burst: 200
 leaderElection:
   leaderElect: false
 profiles:

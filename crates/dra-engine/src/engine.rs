@@ -59,6 +59,30 @@ impl Default for EngineConfig {
     }
 }
 
+/// Why a pod's claims cannot be used yet.
+#[derive(Debug)]
+struct ClaimsNotReady {
+    message: String,
+    /// A claim does not exist (yet), as opposed to existing in an unusable state.
+    missing: bool,
+}
+
+impl ClaimsNotReady {
+    fn missing(message: String) -> Self {
+        ClaimsNotReady {
+            message,
+            missing: true,
+        }
+    }
+
+    fn other(message: String) -> Self {
+        ClaimsNotReady {
+            message,
+            missing: false,
+        }
+    }
+}
+
 /// What happens to one of the pod's claims on the chosen node.
 #[derive(Clone, Debug)]
 pub struct ClaimDecision {
@@ -177,6 +201,17 @@ impl Engine {
         self.search_steps.load(Ordering::Relaxed)
     }
 
+    /// Why the pod cannot be tried yet because a claim it names does not exist (yet): the
+    /// claim of a template that kube-controller-manager has not created, or a claim not
+    /// found. Such a pod waits without an attempt (kube-scheduler's PreEnqueue).
+    pub fn claims_missing(&self, pod_key: &ObjectKey) -> Option<String> {
+        let pod = self.state.pods.get(pod_key)?;
+        match self.pod_claims(pod) {
+            Err(e) if e.missing => Some(e.message),
+            _ => None,
+        }
+    }
+
     /// A claim of this unbound pod that is allocated but reserved for nobody else, which
     /// could be given back so the pod can be placed elsewhere. kube-scheduler does this
     /// after a pod turns out unschedulable (PostFilter); so does a restarted scheduler find
@@ -259,7 +294,7 @@ impl Engine {
     }
 
     /// The claims a pod references, by pod claim name, or why one is not usable yet.
-    fn pod_claims(&self, pod: &Pod) -> Result<Vec<ObjectKey>, String> {
+    fn pod_claims(&self, pod: &Pod) -> Result<Vec<ObjectKey>, ClaimsNotReady> {
         let ns = pod
             .metadata
             .namespace
@@ -287,27 +322,31 @@ impl Engine {
                         None => continue,
                     },
                     None => {
-                        return Err(format!(
+                        return Err(ClaimsNotReady::missing(format!(
                             "waiting for the ResourceClaim of pod claim {} to be created from ResourceClaimTemplate {}",
                             pc.name,
                             pc.resource_claim_template_name
                                 .as_deref()
                                 .unwrap_or_default()
-                        ));
+                        )));
                     }
                 }
             } else {
-                return Err(format!(
+                return Err(ClaimsNotReady::other(format!(
                     "pod claim {} names neither a claim nor a template",
                     pc.name
-                ));
+                )));
             };
             let key = ObjectKey::new(ns.clone(), name);
             let Some(claim) = self.state.claims.get(&key) else {
-                return Err(format!("ResourceClaim {key} not found"));
+                return Err(ClaimsNotReady::missing(format!(
+                    "ResourceClaim {key} not found"
+                )));
             };
             if claim.metadata.deletion_timestamp.is_some() {
-                return Err(format!("ResourceClaim {key} is being deleted"));
+                return Err(ClaimsNotReady::other(format!(
+                    "ResourceClaim {key} is being deleted"
+                )));
             }
             if let (Some(template), Some(owner)) = (
                 pc.resource_claim_template_name.as_deref(),
@@ -320,9 +359,9 @@ impl Engine {
                             || pod.metadata.uid.as_deref() == Some(&o.uid))
                 });
                 if !owned {
-                    return Err(format!(
+                    return Err(ClaimsNotReady::other(format!(
                         "ResourceClaim {key} was not created for this pod from template {template}"
-                    ));
+                    )));
                 }
             }
             keys.push(key);
@@ -346,7 +385,7 @@ impl Engine {
         };
         let claim_keys = match self.pod_claims(&pod) {
             Ok(k) => k,
-            Err(message) => return unschedulable(message),
+            Err(e) => return unschedulable(e.message),
         };
         let requests = match pod_requests(&pod) {
             Ok(r) => r,
