@@ -142,6 +142,7 @@ struct Scratch {
     chosen: Vec<Option<usize>>,
     reqs: Vec<ReqRun>,
     results: Vec<Vec<Pick>>,
+    attr_values: Vec<Vec<Vec<Option<AttrValue>>>>,
 }
 
 thread_local! {
@@ -164,7 +165,14 @@ impl Drop for NodeRun<'_> {
         for r in &mut results {
             r.clear();
         }
+        let mut attr_values = std::mem::take(&mut self.attr_values);
+        for per_claim in &mut attr_values {
+            for values in per_claim {
+                values.clear();
+            }
+        }
         let sc = Scratch {
+            attr_values,
             pools: emptied(&mut self.pools),
             seen: emptied(&mut self.seen),
             devs: emptied(&mut self.devs),
@@ -320,30 +328,30 @@ impl<'a> NodeRun<'a> {
             .iter()
             .map(|p| vec![Quantity::ZERO; p.available.len()])
             .collect();
-        let mut attr_values = Vec::new();
+        let mut attr_values = std::mem::take(&mut sc.attr_values);
+        attr_values.truncate(plan.claims.len());
+        attr_values.resize_with(plan.claims.len(), Vec::new);
         let mut cstate = Vec::new();
-        for claim in &plan.claims {
-            let mut per_claim = Vec::new();
+        for (ci, claim) in plan.claims.iter().enumerate() {
+            let per_claim = &mut attr_values[ci];
+            per_claim.truncate(claim.constraints.len());
+            per_claim.resize_with(claim.constraints.len(), Vec::new);
             let mut states = Vec::new();
-            for c in &claim.constraints {
+            for (c, values) in claim.constraints.iter().zip(per_claim.iter_mut()) {
                 let numa = c.attribute == NUMA_ATTRIBUTE;
-                per_claim.push(
-                    devs.iter()
-                        .map(|d| {
-                            if numa {
-                                // Looked up once per snapshot.
-                                return snap.devices[d.entry as usize]
-                                    .numa
-                                    .map(|v| snap.numa_value(v).clone());
-                            }
-                            let (slice, device) = snap.device(d.entry);
-                            lookup(device.attributes.as_ref(), &slice.spec.driver, &c.attribute)
-                        })
-                        .collect(),
-                );
+                values.clear();
+                values.extend(devs.iter().map(|d| {
+                    if numa {
+                        // Looked up once per snapshot.
+                        return snap.devices[d.entry as usize]
+                            .numa
+                            .map(|v| snap.numa_value(v).clone());
+                    }
+                    let (slice, device) = snap.device(d.entry);
+                    lookup(device.attributes.as_ref(), &slice.spec.driver, &c.attribute)
+                }));
                 states.push(ConstraintState::new(c.kind));
             }
-            attr_values.push(per_claim);
             cstate.push(states);
         }
         let mut run = NodeRun {
@@ -1117,9 +1125,9 @@ impl<'a> NodeRun<'a> {
 
     fn allocation(&self) -> Result<Allocation, AllocError> {
         let plan = self.plan;
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(plan.claims.len());
         for (ci, claim) in plan.claims.iter().enumerate() {
-            let mut results = Vec::new();
+            let mut results = Vec::with_capacity(self.results[ci].len());
             for pick in &self.results[ci] {
                 let p = &plan.reqs[pick.req];
                 let (slice, device) = self.snap.device(self.devs[pick.dev as usize].entry);
