@@ -312,7 +312,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         election = Some(task);
     }
     metrics.leader.set(i64::from(leading));
-    let mut synced: HashSet<&'static str> = HashSet::new();
+    let mut informers = Informers::default();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
@@ -320,7 +320,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     loop {
         tokio::select! {
             Some(change) = changes.next() => {
-                apply(&mut engine, &mut queue, &in_flight, &mut confirming, &mut synced, change);
+                apply(&mut engine, &mut queue, &in_flight, &mut confirming, &mut informers, change);
             }
             Some((placement, added, result)) = done_rx.recv() => {
                 in_flight.remove(&placement.pod);
@@ -383,7 +383,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 break;
             }
         }
-        if synced.len() < KINDS.len() {
+        if informers.synced.len() < KINDS.len() {
             continue;
         }
         ready.store(true, Ordering::Relaxed);
@@ -520,7 +520,7 @@ fn apply(
     queue: &mut SchedulingQueue,
     in_flight: &HashMap<ObjectKey, Placement>,
     confirming: &mut HashMap<ObjectKey, Placement>,
-    synced: &mut HashSet<&'static str>,
+    informers: &mut Informers,
     change: Change,
 ) {
     let mut touched_claims = false;
@@ -530,6 +530,7 @@ fn apply(
         Change::Pod(event) => match event {
             Event::Apply(pod) | Event::InitApply(pod) => {
                 let key = ObjectKey::of(&pod.metadata);
+                informers.seen("Pod", key.clone());
                 let bound = pod
                     .spec
                     .as_ref()
@@ -573,57 +574,79 @@ fn apply(
                     .is_some_and(|p| dra_engine::state::bound_node(p).is_some());
                 engine.remove_pod(&key);
             }
-            Event::Init => changed = false,
+            Event::Init => {
+                informers.listing("Pod");
+                changed = false;
+            }
             Event::InitDone => {
-                synced.insert("Pod");
+                // Pods deleted while the watch was down are not in the new list.
+                let gone = informers.gone("Pod", engine.state().pods.keys().cloned());
+                changed = !gone.is_empty();
+                for key in gone {
+                    queue.remove(&key);
+                    confirming.remove(&key);
+                    engine.remove_pod(&key);
+                }
             }
         },
         Change::Claim(event) => {
             touched_claims = true;
             match event {
                 Event::Apply(c) | Event::InitApply(c) => {
+                    informers.seen("ResourceClaim", ObjectKey::of(&c.metadata));
                     let old = engine.state().claims.get(&ObjectKey::of(&c.metadata));
                     changed = claim_may_help(old, &c);
                     engine.upsert_claim(c);
                 }
                 Event::Delete(c) => engine.remove_claim(&ObjectKey::of(&c.metadata)),
-                Event::Init => changed = false,
+                Event::Init => {
+                    informers.listing("ResourceClaim");
+                    changed = false;
+                }
                 Event::InitDone => {
-                    synced.insert("ResourceClaim");
+                    let gone =
+                        informers.gone("ResourceClaim", engine.state().claims.keys().cloned());
+                    changed = !gone.is_empty();
+                    for key in gone {
+                        engine.remove_claim(&key);
+                    }
                 }
             }
         }
         Change::Node(event) => cluster_scoped(
             engine,
-            synced,
+            informers,
             "Node",
             event,
-            ClusterState::upsert_node,
-            ClusterState::remove_node,
+            (ClusterState::upsert_node, ClusterState::remove_node),
+            |s| s.nodes.keys().cloned().collect(),
         ),
         Change::Class(event) => cluster_scoped(
             engine,
-            synced,
+            informers,
             "DeviceClass",
             event,
-            ClusterState::upsert_class,
-            ClusterState::remove_class,
+            (ClusterState::upsert_class, ClusterState::remove_class),
+            |s| s.classes.iter().map(|o| name(&o.metadata)).collect(),
         ),
         Change::Slice(event) => cluster_scoped(
             engine,
-            synced,
+            informers,
             "ResourceSlice",
             event,
-            ClusterState::upsert_slice,
-            ClusterState::remove_slice,
+            (ClusterState::upsert_slice, ClusterState::remove_slice),
+            |s| s.slices.iter().map(|o| name(&o.metadata)).collect(),
         ),
         Change::TaintRule(event) => cluster_scoped(
             engine,
-            synced,
+            informers,
             "DeviceTaintRule",
             event,
-            ClusterState::upsert_taint_rule,
-            ClusterState::remove_taint_rule,
+            (
+                ClusterState::upsert_taint_rule,
+                ClusterState::remove_taint_rule,
+            ),
+            |s| s.taint_rules.iter().map(|o| name(&o.metadata)).collect(),
         ),
         Change::WatchError(kind, message) => {
             tracing::warn!(kind, %message, "watch failed; backing off and re-listing");
@@ -662,24 +685,65 @@ fn claim_may_help(
         || new.metadata.deletion_timestamp != old.metadata.deletion_timestamp
 }
 
+fn name(meta: &kube::api::ObjectMeta) -> String {
+    meta.name.clone().unwrap_or_default()
+}
+
+/// The informers' progress: which kinds have synced, and during a (re-)list the objects
+/// seen so far, so that objects deleted while a watch was down are dropped at its end.
+#[derive(Default)]
+struct Informers {
+    synced: HashSet<&'static str>,
+    listing: HashMap<&'static str, HashSet<ObjectKey>>,
+}
+
+impl Informers {
+    fn listing(&mut self, kind: &'static str) {
+        self.listing.insert(kind, HashSet::new());
+    }
+
+    fn seen(&mut self, kind: &'static str, key: ObjectKey) {
+        if let Some(seen) = self.listing.get_mut(kind) {
+            seen.insert(key);
+        }
+    }
+
+    /// The list of `kind` is complete: of the objects the state `has`, those it did not
+    /// contain.
+    fn gone(&mut self, kind: &'static str, has: impl Iterator<Item = ObjectKey>) -> Vec<ObjectKey> {
+        self.synced.insert(kind);
+        match self.listing.remove(kind) {
+            Some(seen) => has.filter(|k| !seen.contains(k)).collect(),
+            None => Vec::new(),
+        }
+    }
+}
+
+/// How the state takes in and lets go of one cluster-scoped kind.
+type UpsertRemove<K> = (fn(&mut ClusterState, K), fn(&mut ClusterState, &str));
+
 /// Apply a change to a cluster-scoped kind the state keeps by name.
 fn cluster_scoped<K: kube::Resource>(
     engine: &mut Engine,
-    synced: &mut HashSet<&'static str>,
+    informers: &mut Informers,
     kind: &'static str,
     event: Event<K>,
-    upsert: fn(&mut ClusterState, K),
-    remove: fn(&mut ClusterState, &str),
+    (upsert, remove): UpsertRemove<K>,
+    names: fn(&ClusterState) -> Vec<String>,
 ) {
+    let key = |name: String| ObjectKey::new("", name);
     match event {
-        Event::Apply(o) | Event::InitApply(o) => upsert(engine.state_mut(), o),
-        Event::Delete(o) => remove(
-            engine.state_mut(),
-            o.meta().name.as_deref().unwrap_or_default(),
-        ),
-        Event::Init => {}
+        Event::Apply(o) | Event::InitApply(o) => {
+            informers.seen(kind, key(name(o.meta())));
+            upsert(engine.state_mut(), o)
+        }
+        Event::Delete(o) => remove(engine.state_mut(), &name(o.meta())),
+        Event::Init => informers.listing(kind),
         Event::InitDone => {
-            synced.insert(kind);
+            let has = names(engine.state()).into_iter().map(key);
+            for gone in informers.gone(kind, has) {
+                remove(engine.state_mut(), &gone.name);
+            }
         }
     }
 }
@@ -690,5 +754,35 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relist_drops_what_was_deleted_while_the_watch_was_down() {
+        let mut informers = Informers::default();
+        let pods = |names: &[&str]| {
+            names
+                .iter()
+                .map(|n| ObjectKey::new("default", *n))
+                .collect::<Vec<_>>()
+        };
+        // The first list: nothing known yet, nothing gone.
+        informers.listing("Pod");
+        informers.seen("Pod", ObjectKey::new("default", "a"));
+        assert!(informers.gone("Pod", std::iter::empty()).is_empty());
+        assert!(informers.synced.contains("Pod"));
+        // A re-list after an outage in which "b" was deleted.
+        informers.listing("Pod");
+        informers.seen("Pod", ObjectKey::new("default", "a"));
+        assert_eq!(
+            informers.gone("Pod", pods(&["a", "b"]).into_iter()),
+            pods(&["b"])
+        );
+        // Without a list in progress, nothing is called gone.
+        assert!(informers.gone("Pod", pods(&["a"]).into_iter()).is_empty());
     }
 }
