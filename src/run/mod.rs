@@ -613,14 +613,20 @@ fn apply(
                 }
             }
         }
-        Change::Node(event) => cluster_scoped(
-            engine,
-            informers,
-            "Node",
-            event,
-            (ClusterState::upsert_node, ClusterState::remove_node),
-            |s| s.nodes.keys().cloned().collect(),
-        ),
+        Change::Node(event) => {
+            if let Event::Apply(node) = &event {
+                let old = engine.state().nodes.get(&name(&node.metadata));
+                changed = node_may_help(old.map(|i| &i.node), node);
+            }
+            cluster_scoped(
+                engine,
+                informers,
+                "Node",
+                event,
+                (ClusterState::upsert_node, ClusterState::remove_node),
+                |s| s.nodes.keys().cloned().collect(),
+            )
+        }
         Change::Class(event) => cluster_scoped(
             engine,
             informers,
@@ -662,6 +668,17 @@ fn apply(
     if changed {
         queue.cluster_changed();
     }
+}
+
+/// Whether a node's update could make an unschedulable pod fit: a new node, or a change
+/// of what filters look at (labels, taints, unschedulable, allocatable). Kubelets update
+/// their Node status all the time for other reasons; those do not retry every pod.
+fn node_may_help(old: Option<&Node>, new: &Node) -> bool {
+    let Some(old) = old else { return true };
+    let allocatable = |n: &Node| n.status.as_ref().and_then(|s| s.allocatable.clone());
+    old.metadata.labels != new.metadata.labels
+        || old.spec != new.spec
+        || allocatable(old) != allocatable(new)
 }
 
 /// Whether a claim's update could make an unschedulable pod fit (the queueing hint): a new
@@ -784,5 +801,30 @@ mod tests {
         );
         // Without a list in progress, nothing is called gone.
         assert!(informers.gone("Pod", pods(&["a"]).into_iter()).is_empty());
+    }
+
+    #[test]
+    fn only_node_changes_that_filters_see_retry_pods() {
+        let node = |labels: serde_json::Value, heartbeat: &str| -> Node {
+            serde_json::from_value(
+                serde_json::json!({"metadata": {"name": "n1", "labels": labels},
+                "status": {"allocatable": {"cpu": "8"}, "conditions": [
+                    {"type": "Ready", "status": "True", "lastHeartbeatTime": heartbeat}]}}),
+            )
+            .unwrap()
+        };
+        let old = node(serde_json::json!({"a": "1"}), "2026-12-01T00:00:00Z");
+        assert!(node_may_help(None, &old), "a new node");
+        assert!(
+            !node_may_help(
+                Some(&old),
+                &node(serde_json::json!({"a": "1"}), "2026-12-01T00:01:00Z")
+            ),
+            "a heartbeat"
+        );
+        assert!(node_may_help(
+            Some(&old),
+            &node(serde_json::json!({"a": "2"}), "2026-12-01T00:00:00Z")
+        ));
     }
 }
