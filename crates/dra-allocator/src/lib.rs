@@ -14,8 +14,12 @@
 //!   classes and compiles selectors once; invalid claims, missing classes and CEL errors fail
 //!   here or in `allocate` with an [`AllocError`] for the whole attempt.
 //! * [`Allocator::allocate`] runs for one candidate node (callable from many threads) and
-//!   returns an [`Outcome`]: an [`Allocation`] (one `resource.k8s.io/v1` `AllocationResult`
-//!   per claim plus a [`Quality`] for scoring) or an [`Explanation`] with counts per request.
+//!   returns an [`Outcome`]: an [`Allocation`] (the devices picked, compact, plus a
+//!   [`Quality`] for scoring) or an [`Explanation`] with counts per request.
+//! * [`Allocator::results`] turns the allocation of the node the caller picks into one
+//!   `resource.k8s.io/v1` `AllocationResult` per claim, so that the strings, configs and node
+//!   selectors of the API objects are built once per pod, not once per feasible node.
+//!   [`Allocator::allocate_resolved`] does both for a single node.
 //!
 //! The search is complete and tries devices in upstream's order (claims, requests,
 //! subrequests, pools by driver/name, slices by name, devices in slice order), so the first
@@ -27,7 +31,7 @@
 //! just those values (one evaluation for all devices of a kind); hand
 //! [`Snapshot::selector_cache`] to the next snapshot to keep them across rebuilds. Compiled
 //! selectors are shared process-wide. Per-node buffers are reused per thread, so an attempt
-//! allocates little besides its `AllocationResult`.
+//! allocates little besides its compact [`Allocation`].
 //!
 //! ## Example
 //!
@@ -79,7 +83,9 @@
 //! let node = Node { metadata: meta("node-1"), ..Default::default() };
 //! match allocator.allocate(&node).unwrap() {
 //!     Outcome::Allocated(a) => {
-//!         let results = a.results[0].devices.as_ref().unwrap().results.as_ref().unwrap();
+//!         // Built only when asked: a scheduler asks for the node it picks.
+//!         let results = allocator.results(&node, &a).unwrap();
+//!         let results = results[0].devices.as_ref().unwrap().results.as_ref().unwrap();
 //!         let names: Vec<_> = results.iter().map(|r| r.device.as_str()).collect();
 //!         assert_eq!(names, ["gpu-0", "gpu-1"]);
 //!     }
@@ -92,6 +98,7 @@ pub mod build;
 mod capacity;
 mod error;
 mod fxhash;
+mod materialise;
 mod nodesel;
 mod outcome;
 mod plan;
@@ -103,11 +110,13 @@ mod snapshot;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
 
 pub use error::AllocError;
 pub use nodesel::{NodeSelectorError, node_matches};
-pub use outcome::{Allocation, Explanation, Limits, Outcome, Quality, RequestExplanation};
+pub use outcome::{
+    Allocation, Explanation, Limits, Outcome, Quality, RequestExplanation, Resolved,
+};
 pub use plan::{MAX_RESULTS_PER_CLAIM, MAX_SUBREQUESTS};
 pub use snapshot::{DeviceId, Features, SelectorCache, Snapshot, SnapshotInput};
 
@@ -157,6 +166,35 @@ impl<'s> Allocator<'s> {
     ) -> Result<(Outcome, Stats), AllocError> {
         let (outcome, steps) = search::run(self.snapshot, &self.plan, node, limits)?;
         Ok((outcome, Stats { steps }))
+    }
+
+    /// The `resource.k8s.io/v1` `AllocationResult`s (one per claim, in claim order) of an
+    /// allocation this allocator found on `node`. A scheduler calls it for the node it picks
+    /// only. Each call gives fresh `shareID`s for shared devices; everything else is the same
+    /// every time. An allocation from another allocator gives wrong results or panics.
+    pub fn results(
+        &self,
+        node: &Node,
+        allocation: &Allocation,
+    ) -> Result<Vec<AllocationResult>, AllocError> {
+        materialise::results(
+            self.snapshot,
+            &self.plan,
+            node.metadata.name.as_deref().unwrap_or_default(),
+            allocation,
+        )
+    }
+
+    /// [`Allocator::allocate`] followed by [`Allocator::results`]: convenient where one node
+    /// is tried, wasteful across many.
+    pub fn allocate_resolved(&self, node: &Node) -> Result<Outcome<Resolved>, AllocError> {
+        Ok(match self.allocate(node)? {
+            Outcome::Allocated(a) => Outcome::Allocated(Resolved {
+                results: self.results(node, &a)?,
+                quality: a.quality,
+            }),
+            Outcome::Unfit(e) => Outcome::Unfit(e),
+        })
     }
 }
 

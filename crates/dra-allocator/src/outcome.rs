@@ -7,15 +7,18 @@ use std::time::Instant;
 
 use k8s_openapi::api::resource::v1::AllocationResult;
 
-/// The result for one node.
+use crate::quantity::Quantity;
+
+/// The result for one node: by default a compact [`Allocation`];
+/// [`crate::Allocator::allocate_resolved`] gives [`Resolved`] results instead.
 #[derive(Clone, Debug)]
-pub enum Outcome {
-    Allocated(Allocation),
+pub enum Outcome<A = Allocation> {
+    Allocated(A),
     Unfit(Explanation),
 }
 
-impl Outcome {
-    pub fn allocation(&self) -> Option<&Allocation> {
+impl<A> Outcome<A> {
+    pub fn allocation(&self) -> Option<&A> {
         match self {
             Outcome::Allocated(a) => Some(a),
             Outcome::Unfit(_) => None,
@@ -30,9 +33,37 @@ impl Outcome {
     }
 }
 
-/// Devices found for every claim: one `status.allocation` per claim, in claim order.
+/// Devices found for every claim, compact: which devices, for which (sub)requests, with
+/// what consumed capacity, and the [`Quality`] for scoring. Cheap to build and drop on
+/// every feasible node; [`crate::Allocator::results`] builds the `AllocationResult`s (for
+/// the node a scheduler picks) from it and the allocator that found it.
 #[derive(Clone, Debug)]
 pub struct Allocation {
+    pub quality: Quality,
+    /// Every device picked, claim by claim, in result order.
+    pub(crate) picks: Vec<Picked>,
+    /// Per request group of the plan: the `firstAvailable` alternative chosen.
+    pub(crate) chosen: Vec<Option<usize>>,
+}
+
+/// One device of an [`Allocation`].
+#[derive(Clone, Debug)]
+pub(crate) struct Picked {
+    pub claim: u32,
+    /// Index into the plan's requests (a subrequest for `firstAvailable`).
+    pub req: u32,
+    /// The device's entry in the snapshot.
+    pub entry: u32,
+    /// A shared device (`allowMultipleAllocations`): the result gets a fresh `shareID`.
+    pub share: bool,
+    /// Capacity consumed, aligned with the device's capacities.
+    pub consumed: Option<Vec<Quantity>>,
+}
+
+/// An allocation with its `AllocationResult`s built: one `status.allocation` per claim, in
+/// claim order.
+#[derive(Clone, Debug)]
+pub struct Resolved {
     pub results: Vec<AllocationResult>,
     pub quality: Quality,
 }

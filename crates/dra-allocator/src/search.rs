@@ -14,17 +14,16 @@
 use std::collections::{BTreeMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult, DeviceAttribute,
-    DeviceRequestAllocationResult, DeviceTaint, DeviceToleration,
-};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceTaint, DeviceToleration};
 
 use crate::attr::{AttrValue, ConstraintState, lookup};
 use crate::capacity::consumption;
 use crate::error::AllocError;
 use crate::fxhash::{FxMap, FxSet};
-use crate::outcome::{Allocation, Explanation, Limits, Outcome, Quality, RequestExplanation};
+use crate::outcome::{
+    Allocation, Explanation, Limits, Outcome, Picked, Quality, RequestExplanation,
+};
 use crate::plan::{ConstraintKind, MAX_RESULTS_PER_CLAIM, Plan, ReqPlan};
 use crate::quantity::Quantity;
 use crate::snapshot::{NUMA_ATTRIBUTE, PoolInfo, PoolState, Snapshot, device_node_matches};
@@ -1123,189 +1122,27 @@ impl<'a> NodeRun<'a> {
         hash128(&(g, self.results[claim].len(), used, shares, constraints))
     }
 
-    fn allocation(&self) -> Result<Allocation, AllocError> {
-        let plan = self.plan;
-        let mut out = Vec::with_capacity(plan.claims.len());
-        for (ci, claim) in plan.claims.iter().enumerate() {
-            let mut results = Vec::with_capacity(self.results[ci].len());
-            for pick in &self.results[ci] {
-                let p = &plan.reqs[pick.req];
-                let (slice, device) = self.snap.device(self.devs[pick.dev as usize].entry);
-                let entry = &self.snap.devices[self.devs[pick.dev as usize].entry as usize];
-                let features = self.snap.features();
-                results.push(DeviceRequestAllocationResult {
-                    request: p.name.clone(),
-                    driver: slice.spec.driver.clone(),
-                    pool: slice.spec.pool.name.clone(),
-                    device: device.name.clone(),
-                    admin_access: p.admin.then_some(true),
-                    tolerations: (!p.tolerations.is_empty()).then(|| p.tolerations.clone()),
-                    binding_conditions: device
-                        .binding_conditions
-                        .clone()
-                        .filter(|_| features.binding_conditions),
-                    binding_failure_conditions: device
-                        .binding_failure_conditions
-                        .clone()
-                        .filter(|_| features.binding_conditions),
-                    share_id: pick.share.then(crate::share_id),
-                    consumed_capacity: pick.consumed.as_ref().filter(|c| !c.is_empty()).map(|c| {
-                        entry
-                            .capacity
-                            .iter()
-                            .zip(c)
-                            .map(|(cap, q)| (cap.name.clone(), q.to_openapi()))
-                            .collect()
-                    }),
-                    ..Default::default()
+    /// The solution, compact: [`crate::materialise::results`] builds the API objects.
+    fn allocation(&mut self) -> Result<Allocation, AllocError> {
+        let mut picks = Vec::with_capacity(self.results.iter().map(Vec::len).sum());
+        for (ci, claim) in self.results.iter_mut().enumerate() {
+            for pick in claim.iter_mut() {
+                picks.push(Picked {
+                    claim: ci as u32,
+                    req: pick.req as u32,
+                    entry: self.devs[pick.dev as usize].entry,
+                    share: pick.share,
+                    consumed: pick.consumed.take(),
                 });
             }
-            let node_selector =
-                self.node_selector(ci)
-                    .map_err(|message| AllocError::InvalidSlice {
-                        slice: format!("used by claim {}", claim.display),
-                        message,
-                    })?;
-            out.push(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(results),
-                    config: Some(self.configs(ci)).filter(|c| !c.is_empty()),
-                }),
-                node_selector,
-                allocation_timestamp: None,
-            });
         }
-        Ok(Allocation {
-            results: out,
+        let a = Allocation {
             quality: self.quality(),
-        })
-    }
-
-    /// The request name chosen for group `g` (`req` or `req/sub`).
-    fn chosen_req(&self, g: usize) -> usize {
-        let group = &self.plan.groups[g];
-        match self.chosen[g] {
-            Some(i) => group.alts[i],
-            None => group.alts[0],
-        }
-    }
-
-    fn configs(&self, ci: usize) -> Vec<DeviceAllocationConfiguration> {
-        let plan = self.plan;
-        let claim = &plan.claims[ci];
-        let mut out: Vec<DeviceAllocationConfiguration> = Vec::new();
-        // Few requests per claim: a list is cheaper than a map.
-        let mut class_ranges: Vec<(&str, (usize, usize))> = Vec::new();
-        let chosen: Vec<usize> = claim.groups.clone().map(|g| self.chosen_req(g)).collect();
-        for &r in &chosen {
-            let p = &plan.reqs[r];
-            if let Some(&(_, (a, b))) = class_ranges.iter().find(|(n, _)| *n == p.class_name) {
-                for c in &mut out[a..b] {
-                    c.requests.get_or_insert_with(Vec::new).push(p.name.clone());
-                }
-                continue;
-            }
-            let a = out.len();
-            for cfg in p.class.spec.iter().flat_map(|s| s.config.iter().flatten()) {
-                out.push(DeviceAllocationConfiguration {
-                    source: "FromClass".into(),
-                    requests: Some(vec![p.name.clone()]),
-                    opaque: cfg.opaque.clone(),
-                });
-            }
-            class_ranges.push((&p.class_name, (a, out.len())));
-        }
-        let claim_configs = claim
-            .claim
-            .spec
-            .as_ref()
-            .and_then(|s| s.devices.as_ref())
-            .and_then(|d| d.config.as_ref());
-        for cfg in claim_configs.into_iter().flatten() {
-            let names = cfg.requests.clone().unwrap_or_default();
-            let applies = names.is_empty()
-                || chosen.iter().any(|&r| {
-                    let p = &plan.reqs[r];
-                    names.contains(&p.base) || (p.sub.is_some() && names.contains(&p.name))
-                });
-            if applies {
-                out.push(DeviceAllocationConfiguration {
-                    source: "FromClaim".into(),
-                    requests: cfg.requests.clone().filter(|r| !r.is_empty()),
-                    opaque: cfg.opaque.clone(),
-                });
-            }
-        }
-        // A config naming every request applies to all: say so with an empty list.
-        for c in &mut out {
-            let Some(names) = &c.requests else { continue };
-            let covers_all = chosen.iter().all(|&r| {
-                let p = &plan.reqs[r];
-                names.contains(&p.base) || (p.sub.is_some() && names.contains(&p.name))
-            });
-            if covers_all {
-                c.requests = None;
-            }
-        }
-        out
-    }
-
-    fn node_selector(&self, ci: usize) -> Result<Option<NodeSelector>, String> {
-        let mut fields: Vec<NodeSelectorRequirement> = Vec::new();
-        let mut exprs: Vec<NodeSelectorRequirement> = Vec::new();
-        for pick in &self.results[ci] {
-            let (slice, device) = self.snap.device(self.devs[pick.dev as usize].entry);
-            let (name, selector) = if slice.spec.per_device_node_selection == Some(true) {
-                (device.node_name.as_ref(), device.node_selector.as_ref())
-            } else {
-                (
-                    slice.spec.node_name.as_ref(),
-                    slice.spec.node_selector.as_ref(),
-                )
-            };
-            if name.is_some_and(|n| !n.is_empty()) || device.binds_to_node == Some(true) {
-                return Ok(Some(NodeSelector {
-                    node_selector_terms: vec![NodeSelectorTerm {
-                        match_fields: Some(vec![NodeSelectorRequirement {
-                            key: "metadata.name".into(),
-                            operator: "In".into(),
-                            values: Some(vec![self.node_name.to_string()]),
-                        }]),
-                        match_expressions: None,
-                    }],
-                }));
-            }
-            if let Some(sel) = selector {
-                match sel.node_selector_terms.as_slice() {
-                    [] => {}
-                    [term] => {
-                        merge_requirements(
-                            term.match_fields.as_deref().unwrap_or_default(),
-                            &mut fields,
-                        );
-                        merge_requirements(
-                            term.match_expressions.as_deref().unwrap_or_default(),
-                            &mut exprs,
-                        );
-                    }
-                    terms => {
-                        return Err(format!(
-                            "unsupported ResourceSlice.NodeSelector with {} terms",
-                            terms.len()
-                        ));
-                    }
-                }
-            }
-        }
-        if fields.is_empty() && exprs.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(NodeSelector {
-            node_selector_terms: vec![NodeSelectorTerm {
-                match_expressions: (!exprs.is_empty()).then_some(exprs),
-                match_fields: (!fields.is_empty()).then_some(fields),
-            }],
-        }))
+            picks,
+            chosen: self.chosen.clone(),
+        };
+        crate::materialise::check(self.snap, self.plan, &a)?;
+        Ok(a)
     }
 
     fn quality(&self) -> Quality {
@@ -1444,20 +1281,6 @@ impl<'a> NodeRun<'a> {
 
     pub(crate) fn steps(&self) -> u64 {
         self.steps
-    }
-}
-
-fn merge_requirements(from: &[NodeSelectorRequirement], to: &mut Vec<NodeSelectorRequirement>) {
-    for r in from {
-        let values: HashSet<&String> = r.values.iter().flatten().collect();
-        let dup = to.iter().any(|e| {
-            e.key == r.key
-                && e.operator == r.operator
-                && e.values.iter().flatten().collect::<HashSet<_>>() == values
-        });
-        if !dup {
-            to.push(r.clone());
-        }
     }
 }
 

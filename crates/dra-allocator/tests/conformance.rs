@@ -106,11 +106,17 @@ fn ours(case: &Case) -> (Ours, Duration) {
         deadline: Some(Instant::now() + Duration::from_secs(10)),
         cancel: None,
     };
-    let r = Allocator::new(&snap, &claims).and_then(|a| a.allocate_with(&case.node, limits));
+    // The engine's path: a compact answer, results built from it afterwards.
+    let r = Allocator::new(&snap, &claims).and_then(|a| {
+        Ok(match a.allocate_with(&case.node, limits)?.0 {
+            Outcome::Allocated(found) => Ok(a.results(&case.node, &found)?),
+            Outcome::Unfit(e) => Err(e),
+        })
+    });
     let took = start.elapsed();
     let o = match r {
-        Ok((Outcome::Allocated(a), _)) => Ours::Allocated(a.results),
-        Ok((Outcome::Unfit(e), _)) => Ours::Unfit(e.to_string()),
+        Ok(Ok(results)) => Ours::Allocated(results),
+        Ok(Err(e)) => Ours::Unfit(e.to_string()),
         Err(e) => Ours::Error(e),
     };
     (o, took)

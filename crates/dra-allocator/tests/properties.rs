@@ -25,8 +25,8 @@ fn run_tally(seed: u64, tally: &mut Tally) -> Result<(), TestCaseError> {
     let snap = case.snapshot();
     let claims: Vec<_> = case.claims.iter().collect();
     // Odd seeds use best-fit packing: a different search order must give the same yes/no.
-    let outcome =
-        Allocator::new(&snap, &claims).and_then(|a| a.packing(seed % 2 == 1).allocate(&case.node));
+    let outcome = Allocator::new(&snap, &claims)
+        .and_then(|a| a.packing(seed % 2 == 1).allocate_resolved(&case.node));
     match outcome {
         Ok(Outcome::Allocated(a)) => {
             tally.allocated += 1;

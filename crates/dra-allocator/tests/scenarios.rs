@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use dra_allocator::build::*;
 use dra_allocator::{
-    AllocError, Allocation, Allocator, Explanation, Limits, Outcome, Snapshot, SnapshotInput,
+    AllocError, Allocator, Explanation, Limits, Outcome, Resolved, Snapshot, SnapshotInput,
 };
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
@@ -66,17 +66,21 @@ fn n1() -> Node {
     node("n1").label("zone", "a").build()
 }
 
-fn try_run(snap: &Snapshot, claims: &[ClaimBuilder], node: &Node) -> Result<Outcome, AllocError> {
+fn try_run(
+    snap: &Snapshot,
+    claims: &[ClaimBuilder],
+    node: &Node,
+) -> Result<Outcome<Resolved>, AllocError> {
     let claims: Vec<ResourceClaim> = claims.iter().map(clone_claim).collect();
     let refs: Vec<&ResourceClaim> = claims.iter().collect();
-    Allocator::new(snap, &refs)?.allocate(node)
+    Allocator::new(snap, &refs)?.allocate_resolved(node)
 }
 
 fn clone_claim(c: &ClaimBuilder) -> ResourceClaim {
     c.clone().build()
 }
 
-fn ok(snap: &Snapshot, claims: &[ClaimBuilder]) -> Allocation {
+fn ok(snap: &Snapshot, claims: &[ClaimBuilder]) -> Resolved {
     match try_run(snap, claims, &n1()).expect("no error") {
         Outcome::Allocated(a) => a,
         Outcome::Unfit(e) => panic!("expected an allocation, got: {e}"),
@@ -91,7 +95,7 @@ fn unfit(snap: &Snapshot, claims: &[ClaimBuilder]) -> Explanation {
 }
 
 /// `request=device` for each result of claim `i`.
-fn devices(a: &Allocation, i: usize) -> Vec<String> {
+fn devices(a: &Resolved, i: usize) -> Vec<String> {
     let results = a.results[i]
         .devices
         .as_ref()
@@ -1125,7 +1129,7 @@ fn the_snapshot_is_shared_between_threads() {
                 let c = claim("c").request(request("r", "gpu").count(2)).build();
                 let a = Allocator::new(&snap, &[&c])
                     .unwrap()
-                    .allocate(&n1())
+                    .allocate_resolved(&n1())
                     .unwrap();
                 let a = a.allocation().unwrap().results[0].clone();
                 a.devices.unwrap().results.unwrap().len()
@@ -1198,7 +1202,7 @@ fn packing_keeps_whole_numa_domains_free() {
     let c = claim("c").request(request("r", "gpu").count(2)).build();
     let first_fit = Allocator::new(&snap, &[&c])
         .unwrap()
-        .allocate(&n1())
+        .allocate_resolved(&n1())
         .unwrap();
     let first_fit = first_fit.allocation().unwrap();
     assert_eq!(
@@ -1210,7 +1214,7 @@ fn packing_keeps_whole_numa_domains_free() {
     let packed = Allocator::new(&snap, &[&c])
         .unwrap()
         .packing(true)
-        .allocate(&n1())
+        .allocate_resolved(&n1())
         .unwrap();
     let packed = packed.allocation().unwrap();
     assert_eq!(devices(packed, 0), ["r=gpu-4", "r=gpu-6"]);
@@ -1291,7 +1295,7 @@ fn one_allocator_serves_many_threads() {
     let allocator = Allocator::new(&snap, &[&c]).unwrap();
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..4)
-            .map(|_| s.spawn(|| allocator.allocate(&n1()).unwrap()))
+            .map(|_| s.spawn(|| allocator.allocate_resolved(&n1()).unwrap()))
             .collect();
         for h in handles {
             assert_eq!(

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dra_allocator::{
-    AllocError, Allocator, Features, Limits, Outcome, SelectorCache, Snapshot, SnapshotInput,
+    AllocError, Allocation, Allocator, Features, Limits, Outcome, SelectorCache, Snapshot,
+    SnapshotInput,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
@@ -163,12 +164,26 @@ pub struct Engine {
 enum NodeResult {
     Feasible {
         node: String,
-        allocations: Vec<AllocationResult>,
+        allocations: Found,
         score: Score,
         ext_claim: bool,
     },
     Unfit(String),
     Error(String),
+}
+
+/// The devices of a feasible node. `AllocationResult`s (strings, configs, node selectors)
+/// are built only for the node picked, from the allocator that found them.
+enum Found {
+    /// No claims to allocate.
+    Nothing,
+    /// By the allocator of the pod's claims.
+    Plain(Allocation),
+    /// By the allocator of the pod's claims plus the claim for extended resources.
+    Ext(Allocation),
+    /// Built at once: the allocator of a node that serves only some extended resources by
+    /// DRA (a rare mix) is built for that node and not kept.
+    Built(Vec<AllocationResult>),
 }
 
 /// Higher is better, compared in field order; ties go to the node name.
@@ -511,10 +526,12 @@ impl Engine {
                 .filter(|e| !info.allocatable.0.contains_key(&e.resource))
                 .collect();
             let own;
-            let allocator = if ext_here.is_empty() {
-                allocator_plain.as_ref()
+            // How a compact answer is kept for later; `None`: results are built at once.
+            type Keep = Option<fn(Allocation) -> Found>;
+            let (allocator, keep): (_, Keep) = if ext_here.is_empty() {
+                (allocator_plain.as_ref(), Some(Found::Plain))
             } else if ext_here.len() == ext.len() {
-                allocator_ext.as_ref()
+                (allocator_ext.as_ref(), Some(Found::Ext))
             } else {
                 // Some extended resources by device plugin, others by DRA: a rare mix.
                 let claim = extended::claim_for(&pod_key.namespace, &pod_name, &ext_here);
@@ -524,15 +541,24 @@ impl Engine {
                     Ok(a) => a,
                     Err(e) => return NodeResult::Error(attempt_error(&e)),
                 };
-                Some(&own)
+                (Some(&own), None)
             };
-            let (allocations, quality) = match allocator {
-                None => (Vec::new(), None),
+            let (allocations, score) = match allocator {
+                None => (Found::Nothing, score(info, &requests, None)),
                 Some(allocator) => match allocator.allocate_with(node, Limits::default()) {
                     Ok((outcome, stats)) => {
                         steps.fetch_add(stats.steps, Ordering::Relaxed);
                         match outcome {
-                            Outcome::Allocated(a) => (a.results, Some(a.quality)),
+                            Outcome::Allocated(a) => {
+                                let score = score(info, &requests, Some(&a.quality));
+                                match keep {
+                                    Some(keep) => (keep(a), score),
+                                    None => match allocator.results(node, &a) {
+                                        Ok(r) => (Found::Built(r), score),
+                                        Err(e) => return NodeResult::Error(attempt_error(&e)),
+                                    },
+                                }
+                            }
                             Outcome::Unfit(explanation) => {
                                 return NodeResult::Unfit(describe_unfit(&explanation));
                             }
@@ -544,7 +570,7 @@ impl Engine {
             NodeResult::Feasible {
                 node: name.clone(),
                 allocations,
-                score: score(info, &requests, quality.as_ref()),
+                score,
                 ext_claim: !ext_here.is_empty(),
             }
         };
@@ -596,7 +622,28 @@ impl Engine {
             unreachable!("the best node is among the results")
         };
 
-        let mut allocations = allocations.into_iter();
+        // Results are built for the chosen node only.
+        let built = match allocations {
+            Found::Nothing => Ok(Vec::new()),
+            Found::Built(results) => Ok(results),
+            Found::Plain(a) => allocator_plain
+                .as_ref()
+                .expect("found by this allocator")
+                .results(&self.state.nodes[&node].node, &a),
+            Found::Ext(a) => allocator_ext
+                .as_ref()
+                .expect("found by this allocator")
+                .results(&self.state.nodes[&node].node, &a),
+        };
+        let mut allocations = match built {
+            Ok(results) => results.into_iter(),
+            Err(e) => {
+                return Decision::Error {
+                    pod: pod_key.clone(),
+                    message: attempt_error(&e),
+                };
+            }
+        };
         let mut claims: Vec<ClaimDecision> = Vec::new();
         for key in &claim_keys {
             if let Some((_, claim)) = allocated.iter().find(|(k, _)| k == key) {
