@@ -1055,3 +1055,25 @@ fn combinations(items: &[usize], k: usize) -> Vec<Vec<usize>> {
     }
     out
 }
+
+/// What a scheduling cycle asks of the allocator for one pod: `Allocator::new`, `allocate`
+/// on every node (keeping each compact answer until scoring is done, as the engine does),
+/// then the `AllocationResult`s of one node, here the first that fits. Returns how many
+/// nodes fit.
+pub fn one_pod(snap: &Snapshot, case: &Case) -> usize {
+    let claims: Vec<_> = case.claims.iter().collect();
+    let allocator = dra_allocator::Allocator::new(snap, &claims).expect("valid claims");
+    let found: Vec<(&Node, dra_allocator::Allocation)> = case
+        .nodes
+        .iter()
+        .filter_map(|n| match allocator.allocate(n).expect("no error") {
+            dra_allocator::Outcome::Allocated(a) => Some((n, a)),
+            dra_allocator::Outcome::Unfit(_) => None,
+        })
+        .collect();
+    if let Some((node, a)) = found.first() {
+        let results = allocator.results(node, a).expect("results");
+        assert_eq!(results.len(), claims.len());
+    }
+    found.len()
+}
