@@ -573,3 +573,46 @@ async fn bad_input_is_reported_on_its_pod_and_the_rest_is_scheduled() {
     .await;
     assert_eq!(late, "node-a");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_plugin_era_pod_is_served_by_dra_and_kubelet_is_told_how() {
+    let cluster = TestCluster::dedicated();
+    let _daemon = start_scheduler(&cluster);
+    apply(&cluster, &["examples/extended-resource"]);
+    let client = cluster.client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod = eventually("legacy-cuda bound", 60, || async {
+        let pod = pods.get("legacy-cuda").await.ok()?;
+        node_of(&pod).is_some().then_some(pod)
+    })
+    .await;
+    // The claim the scheduler made for nvidia.com/gpu: 1, allocated and reserved for the pod.
+    let claim = Api::<ResourceClaim>::namespaced(client.clone(), "default")
+        .get("legacy-cuda-extended-resources")
+        .await
+        .unwrap();
+    let reserved = claim.status.as_ref().unwrap().reserved_for.clone().unwrap();
+    assert_eq!(Some(&reserved[0].uid), pod.metadata.uid.as_ref());
+    assert_eq!(devices(&claim).len(), 1);
+    assert_eq!(devices(&claim)[0].0, "request-0");
+    // kubelet finds the claim and the container's request in the pod's status.
+    let status = pod
+        .status
+        .unwrap()
+        .extended_resource_claim_status
+        .expect("extendedResourceClaimStatus");
+    assert_eq!(status.resource_claim_name, "legacy-cuda-extended-resources");
+    let mappings: Vec<(String, String, String)> = status
+        .request_mappings
+        .into_iter()
+        .map(|m| (m.container_name, m.resource_name, m.request_name))
+        .collect();
+    assert_eq!(
+        mappings,
+        [(
+            "cuda".to_string(),
+            "nvidia.com/gpu".to_string(),
+            "request-0".to_string()
+        )]
+    );
+}

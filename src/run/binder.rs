@@ -5,7 +5,9 @@
 //! `resource.kubernetes.io/delete-protection` is added (plain update, guarded by
 //! resourceVersion); (3) one status update sets `allocation` and adds the pod to
 //! `reservedFor`, retried on conflict with a fresh read and refused if someone else
-//! allocated the claim meanwhile. Then the pod is bound with `pods/binding`.
+//! allocated the claim meanwhile. For a claim made for extended resources, the pod's
+//! `status.extendedResourceClaimStatus` names it and maps containers to its requests. Then
+//! the pod is bound with `pods/binding`.
 
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::api::resource::v1::{
@@ -255,8 +257,36 @@ pub async fn bind(
             }
         }
     }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &placement.pod.namespace);
+    // kubelet learns from the pod's status which claim serves its extended resources and
+    // which request serves each container; written before binding, as kube-scheduler does.
+    if result.is_ok()
+        && let Some(decision) = placement.claims.iter().find(|d| d.create)
+    {
+        let patch = serde_json::json!({"status": {"extendedResourceClaimStatus": {
+            "resourceClaimName": decision.key.name,
+            "requestMappings": decision.extended_mappings,
+        }}});
+        if let Err(e) = metrics
+            .write(
+                "patch",
+                "pods/status",
+                pods.patch_status(
+                    &placement.pod.name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(patch),
+                ),
+            )
+            .await
+        {
+            result = Err(format!(
+                "record the extended-resource claim of pod {}: {}",
+                placement.pod,
+                describe(&e)
+            ));
+        }
+    }
     if result.is_ok() {
-        let pods: Api<Pod> = Api::namespaced(client.clone(), &placement.pod.namespace);
         let binding = Binding {
             metadata: ObjectMeta {
                 name: Some(placement.pod.name.clone()),

@@ -94,6 +94,9 @@ pub struct ClaimDecision {
     pub allocation: Option<AllocationResult>,
     /// The claim does not exist in the API yet: it serves extended resources of the pod.
     pub create: bool,
+    /// For that claim: which of its requests serves each container, for the pod's
+    /// `status.extendedResourceClaimStatus`. Empty for other claims.
+    pub extended_mappings: Vec<k8s_openapi::api::core::v1::ContainerExtendedResourceRequest>,
 }
 
 /// A pod placed on a node.
@@ -652,6 +655,7 @@ impl Engine {
                     claim: claim.clone(),
                     allocation: None,
                     create: false,
+                    extended_mappings: Vec::new(),
                 });
             } else if !claims.iter().any(|c| &c.key == key) {
                 let claim = self.state.claims[key].clone();
@@ -660,6 +664,7 @@ impl Engine {
                     claim,
                     allocation: allocations.next(),
                     create: false,
+                    extended_mappings: Vec::new(),
                 });
             }
         }
@@ -676,6 +681,7 @@ impl Engine {
                 claim,
                 allocation: allocations.next(),
                 create: true,
+                extended_mappings: extended::request_mappings(&pod, &ext_here),
             });
         }
         Decision::Scheduled(Placement {

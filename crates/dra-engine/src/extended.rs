@@ -4,6 +4,7 @@
 //! `deviceclass.resource.kubernetes.io/<class>`), on nodes that have no device-plugin
 //! capacity for that resource, through a claim made for the pod like Kubernetes makes it.
 
+use k8s_openapi::api::core::v1::{ContainerExtendedResourceRequest, Pod};
 use k8s_openapi::api::resource::v1::{
     DeviceClaim, DeviceClass, DeviceRequest, ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,
 };
@@ -107,6 +108,49 @@ pub fn claim_for(namespace: &str, pod: &str, requests: &[&ExtendedRequest]) -> R
     }
 }
 
+/// Which request of the claim made by [`claim_for`] serves each container's extended
+/// resources: what the pod's `status.extendedResourceClaimStatus.requestMappings` tells
+/// kubelet, so each container gets the devices of its requests. The claim has one request
+/// per resource (sized for the whole pod), so every container that asks for a resource is
+/// mapped to that resource's request; kube-scheduler instead gives each container a request
+/// of its own, which only differs for pods with several containers asking for one resource.
+pub fn request_mappings(
+    pod: &Pod,
+    requests: &[&ExtendedRequest],
+) -> Vec<ContainerExtendedResourceRequest> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    let containers = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter());
+    let mut out = Vec::new();
+    for container in containers {
+        let resources = container.resources.as_ref();
+        let asks = |name: &str| {
+            [
+                resources.and_then(|r| r.requests.as_ref()),
+                resources.and_then(|r| r.limits.as_ref()),
+            ]
+            .into_iter()
+            .flatten()
+            .any(|list| list.get(name).is_some_and(|q| q.0 != "0"))
+        };
+        for (i, r) in requests.iter().enumerate() {
+            if asks(&r.resource) {
+                out.push(ContainerExtendedResourceRequest {
+                    container_name: container.name.clone(),
+                    resource_name: r.resource.clone(),
+                    request_name: format!("request-{i}"),
+                });
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +199,40 @@ mod tests {
             .into(),
         );
         assert_eq!(requests_served_by_dra(&requests, &[class])[0].class, "fpga");
+    }
+
+    #[test]
+    fn each_container_is_mapped_to_the_request_for_its_resource() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "trainer", "namespace": "ml"},
+            "spec": {
+                "initContainers": [{"name": "warmup", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                "containers": [
+                    {"name": "main", "resources": {"requests": {"nvidia.com/gpu": "2", "example.com/fpga": "1"}}},
+                    {"name": "sidecar", "resources": {"requests": {"cpu": "1"}}}]}}))
+        .unwrap();
+        let gpu = ExtendedRequest {
+            resource: "nvidia.com/gpu".into(),
+            class: "gpu.nvidia.com".into(),
+            count: 2,
+        };
+        let fpga = ExtendedRequest {
+            resource: "example.com/fpga".into(),
+            class: "fpga".into(),
+            count: 1,
+        };
+        let mappings: Vec<(String, String, String)> = request_mappings(&pod, &[&fpga, &gpu])
+            .into_iter()
+            .map(|m| (m.container_name, m.resource_name, m.request_name))
+            .collect();
+        let m = |c: &str, r: &str, q: &str| (c.to_string(), r.to_string(), q.to_string());
+        assert_eq!(
+            mappings,
+            [
+                m("warmup", "nvidia.com/gpu", "request-1"),
+                m("main", "example.com/fpga", "request-0"),
+                m("main", "nvidia.com/gpu", "request-1"),
+            ]
+        );
     }
 }
