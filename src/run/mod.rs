@@ -623,7 +623,7 @@ fn apply(
                 informers,
                 "Node",
                 event,
-                (ClusterState::upsert_node, ClusterState::remove_node),
+                (Engine::upsert_node, Engine::remove_node),
                 |s| s.nodes.keys().cloned().collect(),
             )
         }
@@ -632,7 +632,10 @@ fn apply(
             informers,
             "DeviceClass",
             event,
-            (ClusterState::upsert_class, ClusterState::remove_class),
+            (
+                |e, o| e.state_mut().upsert_class(o),
+                |e, name| e.state_mut().remove_class(name),
+            ),
             |s| s.classes.iter().map(|o| name(&o.metadata)).collect(),
         ),
         Change::Slice(event) => cluster_scoped(
@@ -640,7 +643,10 @@ fn apply(
             informers,
             "ResourceSlice",
             event,
-            (ClusterState::upsert_slice, ClusterState::remove_slice),
+            (
+                |e, o| e.state_mut().upsert_slice(o),
+                |e, name| e.state_mut().remove_slice(name),
+            ),
             |s| s.slices.iter().map(|o| name(&o.metadata)).collect(),
         ),
         Change::TaintRule(event) => cluster_scoped(
@@ -649,8 +655,8 @@ fn apply(
             "DeviceTaintRule",
             event,
             (
-                ClusterState::upsert_taint_rule,
-                ClusterState::remove_taint_rule,
+                |e, o| e.state_mut().upsert_taint_rule(o),
+                |e, name| e.state_mut().remove_taint_rule(name),
             ),
             |s| s.taint_rules.iter().map(|o| name(&o.metadata)).collect(),
         ),
@@ -737,7 +743,7 @@ impl Informers {
 }
 
 /// How the state takes in and lets go of one cluster-scoped kind.
-type UpsertRemove<K> = (fn(&mut ClusterState, K), fn(&mut ClusterState, &str));
+type UpsertRemove<K> = (fn(&mut Engine, K), fn(&mut Engine, &str));
 
 /// Apply a change to a cluster-scoped kind the state keeps by name.
 fn cluster_scoped<K: kube::Resource>(
@@ -752,14 +758,14 @@ fn cluster_scoped<K: kube::Resource>(
     match event {
         Event::Apply(o) | Event::InitApply(o) => {
             informers.seen(kind, key(name(o.meta())));
-            upsert(engine.state_mut(), o)
+            upsert(engine, o)
         }
-        Event::Delete(o) => remove(engine.state_mut(), &name(o.meta())),
+        Event::Delete(o) => remove(engine, &name(o.meta())),
         Event::Init => informers.listing(kind),
         Event::InitDone => {
             let has = names(engine.state()).into_iter().map(key);
             for gone in informers.gone(kind, has) {
-                remove(engine.state_mut(), &gone.name);
+                remove(engine, &gone.name);
             }
         }
     }

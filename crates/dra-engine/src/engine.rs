@@ -929,6 +929,16 @@ impl Engine {
         self.state.remove_pod(key);
     }
 
+    /// Nodes are not part of the allocator's view (it is given the node per attempt), so
+    /// node updates, frequent in a real cluster, leave it alone.
+    pub fn upsert_node(&mut self, node: k8s_openapi::api::core::v1::Node) {
+        self.state.upsert_node(node);
+    }
+
+    pub fn remove_node(&mut self, name: &str) {
+        self.state.remove_node(name);
+    }
+
     /// Add or replace a claim (unless the state holds a newer version); its devices are
     /// taken or given back in the allocator's view. Returns whether it was taken.
     pub fn upsert_claim(&mut self, claim: ResourceClaim) -> bool {

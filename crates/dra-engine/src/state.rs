@@ -218,8 +218,17 @@ fn upsert_named<T>(
 /// snapshot must rebuild it afterwards ([`crate::Engine::state_mut`] does).
 impl ClusterState {
     /// Add or replace a node, keeping what its bound pods use.
+    /// Add or replace a node. An update keeps what its pods use (kubelets update their
+    /// Node often; recounting every pod each time would not scale).
     pub fn upsert_node(&mut self, node: Node) {
         let name = name_of(&node.metadata).to_string();
+        if let Some(info) = self.nodes.get_mut(&name) {
+            let fresh = NodeInfo::new(node);
+            info.node = fresh.node;
+            info.allocatable = fresh.allocatable;
+            info.broken = fresh.broken;
+            return;
+        }
         let mut info = NodeInfo::new(node);
         for pod in self.pods.values() {
             if bound_node(pod) == Some(name.as_str()) && !is_terminal(pod) {

@@ -368,3 +368,27 @@ fn claim_updates_from_the_api_take_and_give_back_devices() {
     e.remove_claim(&key("c1"));
     assert_eq!(devices(&e.schedule(&key("p2"))), ["n1/gpu-0"]);
 }
+
+#[test]
+fn a_node_update_keeps_what_its_pods_use() {
+    let mut running = pod("running", None, "2", 0);
+    running.spec.as_mut().unwrap().node_name = Some("n1".into());
+    let mut e = engine(ClusterInput {
+        nodes: vec![node("n1", "2")],
+        pods: vec![running, pod("waiting", None, "1", 0)],
+        ..Default::default()
+    });
+    assert!(matches!(
+        e.schedule(&key("waiting")),
+        Decision::Unschedulable { .. }
+    ));
+    // A kubelet heartbeat: the same node again.
+    e.upsert_node(node("n1", "2"));
+    assert!(
+        matches!(e.schedule(&key("waiting")), Decision::Unschedulable { .. }),
+        "the running pod's cpu is still counted"
+    );
+    // More cpu: now it fits.
+    e.upsert_node(node("n1", "4"));
+    assert_eq!(e.schedule(&key("waiting")).node(), Some("n1"));
+}
