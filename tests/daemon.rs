@@ -594,7 +594,7 @@ async fn a_device_plugin_era_pod_is_served_by_dra_and_kubelet_is_told_how() {
     let reserved = claim.status.as_ref().unwrap().reserved_for.clone().unwrap();
     assert_eq!(Some(&reserved[0].uid), pod.metadata.uid.as_ref());
     assert_eq!(devices(&claim).len(), 1);
-    assert_eq!(devices(&claim)[0].0, "request-0");
+    assert_eq!(devices(&claim)[0].0, "container-0-request-0");
     // kubelet finds the claim and the container's request in the pod's status.
     let status = pod
         .status
@@ -612,7 +612,7 @@ async fn a_device_plugin_era_pod_is_served_by_dra_and_kubelet_is_told_how() {
         [(
             "cuda".to_string(),
             "nvidia.com/gpu".to_string(),
-            "request-0".to_string()
+            "container-0-request-0".to_string()
         )]
     );
 }

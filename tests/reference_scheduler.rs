@@ -456,3 +456,77 @@ fn simulated_pods_map_back_to_their_workload() {
         "pods using []"
     );
 }
+
+/// A device-plugin era pod with init, sidecar and regular containers asking for
+/// `nvidia.com/gpu`: the claim kube-scheduler makes for it (requests, counts, classes) and
+/// the container-to-request mappings it writes to the pod's status are the reference for
+/// what `dra-scheduler` builds for the same pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extended_resource_claims_are_built_like_kube_schedulers() {
+    use dra_engine::extended;
+    use k8s_openapi::api::resource::v1::DeviceClass;
+
+    let cluster = TestCluster::dedicated();
+    cluster
+        .start_reference_scheduler("dra-scheduler")
+        .expect("kube-scheduler starts");
+    let out = cluster
+        .kubectl()
+        .args(["apply", "-f"])
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/extended-multi"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let client = cluster.client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod = test_cluster::eventually("kube-scheduler binds the pod", 120, || async {
+        let pod = pods.get("multi").await.ok()?;
+        pod.spec.as_ref()?.node_name.as_ref()?;
+        Some(pod)
+    })
+    .await;
+    let status = pod
+        .status
+        .clone()
+        .unwrap()
+        .extended_resource_claim_status
+        .expect("kube-scheduler wrote extendedResourceClaimStatus");
+    let theirs = Api::<ResourceClaim>::namespaced(client.clone(), "default")
+        .get(&status.resource_claim_name)
+        .await
+        .unwrap();
+    let requests = |claim: ResourceClaim| -> Vec<(String, String, Option<i64>)> {
+        claim
+            .spec
+            .unwrap()
+            .devices
+            .unwrap()
+            .requests
+            .unwrap()
+            .into_iter()
+            .map(|r| {
+                let e = r.exactly.unwrap();
+                (r.name, e.device_class_name, e.count)
+            })
+            .collect()
+    };
+    let classes = Api::<DeviceClass>::all(client)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let needs = dra_engine::resources::pod_requests(&pod).unwrap();
+    let served = extended::requests_served_by_dra(&needs, &classes);
+    let (ours, our_mappings) = extended::claim_for(&pod, &served.iter().collect::<Vec<_>>());
+    let theirs = requests(theirs);
+    eprintln!("kube-scheduler's requests: {theirs:?}");
+    assert_eq!(requests(ours), theirs, "the claim's requests");
+    assert_eq!(
+        our_mappings, status.request_mappings,
+        "container to request mappings"
+    );
+}

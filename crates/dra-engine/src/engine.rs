@@ -458,13 +458,8 @@ impl Engine {
                 };
             }
         };
-        let ext_claim_all = (!ext.is_empty()).then(|| {
-            extended::claim_for(
-                &pod_key.namespace,
-                &pod_name,
-                &ext.iter().collect::<Vec<_>>(),
-            )
-        });
+        let ext_claim_all =
+            (!ext.is_empty()).then(|| extended::claim_for(&pod, &ext.iter().collect::<Vec<_>>()).0);
         let allocator_ext = match ext_claim_all.as_ref().map(|c| {
             let mut claims = plain.clone();
             claims.push(c);
@@ -537,7 +532,7 @@ impl Engine {
                 (allocator_ext.as_ref(), Some(Found::Ext))
             } else {
                 // Some extended resources by device plugin, others by DRA: a rare mix.
-                let claim = extended::claim_for(&pod_key.namespace, &pod_name, &ext_here);
+                let (claim, _) = extended::claim_for(&pod, &ext_here);
                 let mut claims: Vec<&ResourceClaim> = to_allocate.iter().map(|(_, c)| c).collect();
                 claims.push(&claim);
                 own = match Allocator::new(&snapshot, &claims) {
@@ -674,14 +669,14 @@ impl Engine {
                 .iter()
                 .filter(|e| !info.allocatable.0.contains_key(&e.resource))
                 .collect();
-            let claim = extended::claim_for(&pod_key.namespace, &pod_name, &ext_here);
+            let (claim, extended_mappings) = extended::claim_for(&pod, &ext_here);
             let key = ObjectKey::of(&claim.metadata);
             claims.push(ClaimDecision {
                 key,
                 claim,
                 allocation: allocations.next(),
                 create: true,
-                extended_mappings: extended::request_mappings(&pod, &ext_here),
+                extended_mappings,
             });
         }
         Decision::Scheduled(Placement {

@@ -59,13 +59,168 @@ pub fn requests_served_by_dra(
     out
 }
 
-/// The claim that serves `requests` for pod `pod` (`<pod>-extended-resources`), one
-/// request per resource.
-pub fn claim_for(namespace: &str, pod: &str, requests: &[&ExtendedRequest]) -> ResourceClaim {
-    ResourceClaim {
+/// A container's request for `resource`, as a whole number of devices (requests, else
+/// limits; kubelet defaults one from the other for extended resources).
+fn container_count(container: &k8s_openapi::api::core::v1::Container, resource: &str) -> i64 {
+    let resources = container.resources.as_ref();
+    [
+        resources.and_then(|r| r.requests.as_ref()),
+        resources.and_then(|r| r.limits.as_ref()),
+    ]
+    .into_iter()
+    .flatten()
+    .find_map(|list| list.get(resource))
+    .and_then(|q| q.0.parse::<i64>().ok())
+    .unwrap_or(0)
+}
+
+/// The device requests of the claim for the pod's DRA-served extended resources and which
+/// request serves each container, built as kube-scheduler builds them: per resource (in name
+/// order), each long-lived container (regular or sidecar) gets its own request
+/// `container-<i>-request-<j>` (i: index among init then regular containers; j: index of the
+/// resource among the container's sorted requests); an init container that runs before
+/// others first reuses the requests of the long-lived containers from its position on, and
+/// only asks for what they do not cover; of those extra init requests only the largest is
+/// kept, and every init container maps to it. Requests are sorted by name.
+fn requests_and_mappings(
+    pod: &Pod,
+    served: &[&ExtendedRequest],
+) -> (Vec<DeviceRequest>, Vec<ContainerExtendedResourceRequest>) {
+    let Some(spec) = pod.spec.as_ref() else {
+        return (Vec::new(), Vec::new());
+    };
+    let inits = spec.init_containers.as_deref().unwrap_or_default();
+    let containers: Vec<&k8s_openapi::api::core::v1::Container> =
+        inits.iter().chain(spec.containers.iter()).collect();
+    let short_lived =
+        |i: usize| i < inits.len() && containers[i].restart_policy.as_deref() != Some("Always");
+    let mut sorted: Vec<&&ExtendedRequest> = served.iter().collect();
+    sorted.sort_by(|a, b| a.resource.cmp(&b.resource));
+    let mut requests = Vec::new();
+    let mut mappings = Vec::new();
+    for served in sorted {
+        let resource = served.resource.as_str();
+        let map = |c: &k8s_openapi::api::core::v1::Container, request: &str| {
+            ContainerExtendedResourceRequest {
+                container_name: c.name.clone(),
+                resource_name: resource.to_string(),
+                request_name: request.to_string(),
+            }
+        };
+        let name_for = |i: usize| {
+            let mut keys: Vec<&String> = containers[i]
+                .resources
+                .as_ref()
+                .and_then(|r| r.requests.as_ref().or(r.limits.as_ref()))
+                .map(|l| l.keys().collect())
+                .unwrap_or_default();
+            keys.sort();
+            let j = keys.iter().position(|k| *k == resource).unwrap_or(0);
+            format!("container-{i}-request-{j}")
+        };
+        // Long-lived containers: a request each.
+        let mut long: Vec<Option<(String, i64)>> = vec![None; containers.len()];
+        let mut long_mappings = Vec::new();
+        for (i, slot) in long.iter_mut().enumerate() {
+            let count = container_count(containers[i], resource);
+            if short_lived(i) || count <= 0 {
+                continue;
+            }
+            let name = name_for(i);
+            long_mappings.push(map(containers[i], &name));
+            *slot = Some((name, count));
+        }
+        // Init containers that run to completion first: reuse, then the largest extra.
+        let mut short_mappings = Vec::new();
+        let mut largest: Option<(String, i64)> = None;
+        let mut extra_names = Vec::new();
+        for i in (0..containers.len()).filter(|&i| short_lived(i)) {
+            let count = container_count(containers[i], resource);
+            if count <= 0 {
+                continue;
+            }
+            let mut covered = 0;
+            for (name, n) in long[i..].iter().flatten() {
+                if covered >= count {
+                    break;
+                }
+                covered += n;
+                short_mappings.push(map(containers[i], name));
+            }
+            if covered < count {
+                let name = name_for(i);
+                short_mappings.push(map(containers[i], &name));
+                extra_names.push(name.clone());
+                if largest.as_ref().is_none_or(|(_, n)| *n < count - covered) {
+                    largest = Some((name, count - covered));
+                }
+            }
+        }
+        if let Some((keep, _)) = &largest {
+            for m in &mut short_mappings {
+                if extra_names.contains(&m.request_name) {
+                    m.request_name = keep.clone();
+                }
+            }
+        }
+        let request = |name: String, count: i64| DeviceRequest {
+            name,
+            exactly: Some(ExactDeviceRequest {
+                device_class_name: served.class.clone(),
+                allocation_mode: Some("ExactCount".into()),
+                count: Some(count),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        requests.extend(largest.map(|(name, count)| request(name, count)));
+        requests.extend(
+            long.into_iter()
+                .flatten()
+                .map(|(name, count)| request(name, count)),
+        );
+        mappings.extend(long_mappings);
+        mappings.extend(short_mappings);
+    }
+    requests.sort_by(|a, b| a.name.cmp(&b.name));
+    (requests, mappings)
+}
+
+/// The claim that serves the pod's DRA-served extended resources
+/// (`<pod>-extended-resources`), and which of its requests serves each container (for the
+/// pod's `status.extendedResourceClaimStatus`).
+pub fn claim_for(
+    pod: &Pod,
+    served: &[&ExtendedRequest],
+) -> (ResourceClaim, Vec<ContainerExtendedResourceRequest>) {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let (mut requests, mappings) = requests_and_mappings(pod, served);
+    if requests.is_empty() {
+        // No container names the resources (they came from elsewhere): one request each.
+        requests = served
+            .iter()
+            .enumerate()
+            .map(|(i, r)| DeviceRequest {
+                name: format!("request-{i}"),
+                exactly: Some(ExactDeviceRequest {
+                    device_class_name: r.class.clone(),
+                    allocation_mode: Some("ExactCount".into()),
+                    count: Some(r.count),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect();
+    }
+    let claim = ResourceClaim {
         metadata: ObjectMeta {
-            name: Some(format!("{pod}-extended-resources")),
-            namespace: Some(namespace.into()),
+            name: Some(format!("{name}-extended-resources")),
+            namespace: Some(
+                pod.metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".into()),
+            ),
             annotations: Some(
                 [(
                     "resource.kubernetes.io/extended-resource-claim".to_string(),
@@ -76,7 +231,7 @@ pub fn claim_for(namespace: &str, pod: &str, requests: &[&ExtendedRequest]) -> R
             owner_references: Some(vec![OwnerReference {
                 api_version: "v1".into(),
                 kind: "Pod".into(),
-                name: pod.into(),
+                name,
                 controller: Some(true),
                 block_owner_deletion: Some(true),
                 ..Default::default()
@@ -85,70 +240,13 @@ pub fn claim_for(namespace: &str, pod: &str, requests: &[&ExtendedRequest]) -> R
         },
         spec: Some(ResourceClaimSpec {
             devices: Some(DeviceClaim {
-                requests: Some(
-                    requests
-                        .iter()
-                        .enumerate()
-                        .map(|(i, r)| DeviceRequest {
-                            name: format!("request-{i}"),
-                            exactly: Some(ExactDeviceRequest {
-                                device_class_name: r.class.clone(),
-                                allocation_mode: Some("ExactCount".into()),
-                                count: Some(r.count),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        })
-                        .collect(),
-                ),
+                requests: Some(requests),
                 ..Default::default()
             }),
         }),
         status: None,
-    }
-}
-
-/// Which request of the claim made by [`claim_for`] serves each container's extended
-/// resources: what the pod's `status.extendedResourceClaimStatus.requestMappings` tells
-/// kubelet, so each container gets the devices of its requests. The claim has one request
-/// per resource (sized for the whole pod), so every container that asks for a resource is
-/// mapped to that resource's request; kube-scheduler instead gives each container a request
-/// of its own, which only differs for pods with several containers asking for one resource.
-pub fn request_mappings(
-    pod: &Pod,
-    requests: &[&ExtendedRequest],
-) -> Vec<ContainerExtendedResourceRequest> {
-    let Some(spec) = pod.spec.as_ref() else {
-        return Vec::new();
     };
-    let containers = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .chain(spec.containers.iter());
-    let mut out = Vec::new();
-    for container in containers {
-        let resources = container.resources.as_ref();
-        let asks = |name: &str| {
-            [
-                resources.and_then(|r| r.requests.as_ref()),
-                resources.and_then(|r| r.limits.as_ref()),
-            ]
-            .into_iter()
-            .flatten()
-            .any(|list| list.get(name).is_some_and(|q| q.0 != "0"))
-        };
-        for (i, r) in requests.iter().enumerate() {
-            if asks(&r.resource) {
-                out.push(ContainerExtendedResourceRequest {
-                    container_name: container.name.clone(),
-                    resource_name: r.resource.clone(),
-                    request_name: format!("request-{i}"),
-                });
-            }
-        }
-    }
-    out
+    (claim, mappings)
 }
 
 #[cfg(test)]
@@ -177,13 +275,20 @@ mod tests {
                 count: 2
             }]
         );
-        let claim = claim_for("ml", "trainer", &served.iter().collect::<Vec<_>>());
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "trainer", "namespace": "ml"},
+            "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}))
+        .unwrap();
+        let (claim, mappings) = claim_for(&pod, &served.iter().collect::<Vec<_>>());
         assert_eq!(
             claim.metadata.name.as_deref(),
             Some("trainer-extended-resources")
         );
+        assert_eq!(claim.metadata.namespace.as_deref(), Some("ml"));
         let req = &claim.spec.unwrap().devices.unwrap().requests.unwrap()[0];
+        assert_eq!(req.name, "container-0-request-0");
         assert_eq!(req.exactly.as_ref().unwrap().count, Some(2));
+        assert_eq!(mappings[0].request_name, "container-0-request-0");
     }
 
     #[test]
@@ -202,26 +307,58 @@ mod tests {
     }
 
     #[test]
-    fn each_container_is_mapped_to_the_request_for_its_resource() {
+    fn each_container_gets_its_own_request_and_init_containers_reuse_them() {
+        // Kubernetes' own case: a run-to-completion init container needing 3 GPUs before a
+        // sidecar (1) and two containers (1 and 2 GPUs, one also wanting an FPGA).
         let pod: Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "trainer", "namespace": "ml"},
             "spec": {
-                "initContainers": [{"name": "warmup", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                "initContainers": [
+                    {"name": "warmup", "resources": {"requests": {"nvidia.com/gpu": "3"}}},
+                    {"name": "proxy", "restartPolicy": "Always",
+                     "resources": {"requests": {"nvidia.com/gpu": "1"}}}],
                 "containers": [
                     {"name": "main", "resources": {"requests": {"nvidia.com/gpu": "2", "example.com/fpga": "1"}}},
-                    {"name": "sidecar", "resources": {"requests": {"cpu": "1"}}}]}}))
+                    {"name": "side", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+                    {"name": "plain", "resources": {"requests": {"cpu": "1"}}}]}}))
         .unwrap();
         let gpu = ExtendedRequest {
             resource: "nvidia.com/gpu".into(),
             class: "gpu.nvidia.com".into(),
-            count: 2,
+            count: 4,
         };
         let fpga = ExtendedRequest {
             resource: "example.com/fpga".into(),
             class: "fpga".into(),
             count: 1,
         };
-        let mappings: Vec<(String, String, String)> = request_mappings(&pod, &[&fpga, &gpu])
+        let (claim, mappings) = claim_for(&pod, &[&gpu, &fpga]);
+        let requests: Vec<(String, String, i64)> = claim
+            .spec
+            .unwrap()
+            .devices
+            .unwrap()
+            .requests
+            .unwrap()
+            .into_iter()
+            .map(|r| {
+                let e = r.exactly.unwrap();
+                (r.name, e.device_class_name, e.count.unwrap())
+            })
+            .collect();
+        let q = |n: &str, c: &str, k: i64| (n.to_string(), c.to_string(), k);
+        assert_eq!(
+            requests,
+            [
+                // The sidecar and the containers after warmup cover 1+2+1 >= 3: no extra.
+                q("container-1-request-0", "gpu.nvidia.com", 1),
+                // example.com/fpga is index 0 of main's sorted requests, the GPU index 1.
+                q("container-2-request-0", "fpga", 1),
+                q("container-2-request-1", "gpu.nvidia.com", 2),
+                q("container-3-request-0", "gpu.nvidia.com", 1),
+            ]
+        );
+        let mappings: Vec<(String, String, String)> = mappings
             .into_iter()
             .map(|m| (m.container_name, m.resource_name, m.request_name))
             .collect();
@@ -229,9 +366,62 @@ mod tests {
         assert_eq!(
             mappings,
             [
-                m("warmup", "nvidia.com/gpu", "request-1"),
-                m("main", "example.com/fpga", "request-0"),
-                m("main", "nvidia.com/gpu", "request-1"),
+                m("main", "example.com/fpga", "container-2-request-0"),
+                m("proxy", "nvidia.com/gpu", "container-1-request-0"),
+                m("main", "nvidia.com/gpu", "container-2-request-1"),
+                m("side", "nvidia.com/gpu", "container-3-request-0"),
+                m("warmup", "nvidia.com/gpu", "container-1-request-0"),
+                m("warmup", "nvidia.com/gpu", "container-2-request-1"),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_init_container_needing_more_than_the_rest_gets_the_largest_extra_request() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "initContainers": [
+                    {"name": "a", "resources": {"requests": {"nvidia.com/gpu": "3"}}},
+                    {"name": "b", "resources": {"requests": {"nvidia.com/gpu": "4"}}}],
+                "containers": [{"name": "main", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}}))
+        .unwrap();
+        let gpu = ExtendedRequest {
+            resource: "nvidia.com/gpu".into(),
+            class: "gpu".into(),
+            count: 4,
+        };
+        let (claim, mappings) = claim_for(&pod, &[&gpu]);
+        let requests: Vec<(String, i64)> = claim
+            .spec
+            .unwrap()
+            .devices
+            .unwrap()
+            .requests
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.name, r.exactly.unwrap().count.unwrap()))
+            .collect();
+        // a needs 3 - 1 = 2 more, b 4 - 1 = 3 more: only b's extra request is kept.
+        assert_eq!(
+            requests,
+            [
+                ("container-1-request-0".to_string(), 3),
+                ("container-2-request-0".to_string(), 1)
+            ]
+        );
+        let to: Vec<(&str, &str)> = mappings
+            .iter()
+            .map(|m| (m.container_name.as_str(), m.request_name.as_str()))
+            .collect();
+        assert_eq!(
+            to,
+            [
+                ("main", "container-2-request-0"),
+                ("a", "container-2-request-0"),
+                ("a", "container-1-request-0"),
+                ("b", "container-2-request-0"),
+                ("b", "container-1-request-0"),
             ]
         );
     }
