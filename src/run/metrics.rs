@@ -151,11 +151,29 @@ impl Metrics {
         resource: &str,
         call: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, kube::Error> {
-        // Events have their own budget, as in kube-scheduler (a separate client); they are
-        // few here, one per distinct message per pod.
-        if let Some(throttle) = self.throttle.as_ref().filter(|_| resource != "events") {
+        if let Some(throttle) = &self.throttle {
             throttle.acquire().await;
         }
+        self.timed(verb, resource, call).await
+    }
+
+    /// Time one API write outside the write budget: events, which kube-scheduler also sends
+    /// on a client of their own (here they are few: one per distinct message per pod).
+    pub async fn write_unthrottled<T>(
+        &self,
+        verb: &str,
+        resource: &str,
+        call: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        self.timed(verb, resource, call).await
+    }
+
+    async fn timed<T>(
+        &self,
+        verb: &str,
+        resource: &str,
+        call: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
         let started = std::time::Instant::now();
         let result = call.await;
         self.api_writes

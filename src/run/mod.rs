@@ -123,7 +123,7 @@ async fn report(
         secondary: None,
     };
     if let Err(e) = metrics
-        .write("create", "events", recorder.publish(&event, &reference))
+        .write_unthrottled("create", "events", recorder.publish(&event, &reference))
         .await
     {
         tracing::warn!(%pod, error = %e, "could not publish event");

@@ -43,8 +43,8 @@ enum Place {
     Backoff(Instant),
     Unschedulable,
     InFlight,
-    /// Waiting for its claims since the instant; whether that has been reported.
-    Gated(Instant, bool),
+    /// Waiting for its claims (since [`Entry::gated_since`]).
+    Gated,
 }
 
 impl SchedulingQueue {
@@ -120,9 +120,8 @@ impl SchedulingQueue {
     pub fn gate(&mut self, key: &ObjectKey, now: Instant) {
         if let Some(e) = self.pods.get_mut(key) {
             // Popped again after a wake-up: keep when it started waiting.
-            let since = e.gated_since.unwrap_or(now);
-            e.gated_since = Some(since);
-            e.place = Place::Gated(since, e.gate_told);
+            e.gated_since.get_or_insert(now);
+            e.place = Place::Gated;
         }
     }
 
@@ -130,10 +129,11 @@ impl SchedulingQueue {
     pub fn overdue_gated(&mut self, now: Instant, after: Duration) -> Vec<ObjectKey> {
         let mut due = Vec::new();
         for (key, e) in self.pods.iter_mut() {
-            if let Place::Gated(since, false) = e.place
-                && now.saturating_duration_since(since) >= after
+            if e.place == Place::Gated
+                && !e.gate_told
+                && e.gated_since
+                    .is_some_and(|since| now.saturating_duration_since(since) >= after)
             {
-                e.place = Place::Gated(since, true);
                 e.gate_told = true;
                 due.push(key.clone());
             }
@@ -154,7 +154,7 @@ impl SchedulingQueue {
     /// waits as unschedulable, try it again.
     pub fn pod_updated(&mut self, key: &ObjectKey) {
         if let Some(e) = self.pods.get_mut(key)
-            && matches!(e.place, Place::Unschedulable | Place::Gated(..))
+            && matches!(e.place, Place::Unschedulable | Place::Gated)
         {
             e.place = Place::Active;
             self.active
@@ -165,7 +165,7 @@ impl SchedulingQueue {
     /// Something changed that could make unschedulable pods fit: try them again.
     pub fn cluster_changed(&mut self) {
         for (key, e) in self.pods.iter_mut() {
-            if matches!(e.place, Place::Unschedulable | Place::Gated(..)) {
+            if matches!(e.place, Place::Unschedulable | Place::Gated) {
                 e.place = Place::Active;
                 self.active
                     .insert((Reverse(e.priority), e.arrival, key.clone()));
@@ -195,7 +195,7 @@ impl SchedulingQueue {
             match e.place {
                 Place::Backoff(_) => backoff += 1,
                 Place::Unschedulable => unschedulable += 1,
-                Place::Gated(..) => gated += 1,
+                Place::Gated => gated += 1,
                 _ => {}
             }
         }

@@ -163,27 +163,28 @@ fn requests_and_mappings(
                 }
             }
         }
-        let request = |name: String, count: i64| DeviceRequest {
-            name,
-            exactly: Some(ExactDeviceRequest {
-                device_class_name: served.class.clone(),
-                allocation_mode: Some("ExactCount".into()),
-                count: Some(count),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        requests.extend(largest.map(|(name, count)| request(name, count)));
-        requests.extend(
-            long.into_iter()
-                .flatten()
-                .map(|(name, count)| request(name, count)),
-        );
+        let request = |(name, count)| exact_request(name, &served.class, count);
+        requests.extend(largest.map(request));
+        requests.extend(long.into_iter().flatten().map(request));
         mappings.extend(long_mappings);
         mappings.extend(short_mappings);
     }
     requests.sort_by(|a, b| a.name.cmp(&b.name));
     (requests, mappings)
+}
+
+/// `count` devices of `class`, by the name `name`.
+fn exact_request(name: String, class: &str, count: i64) -> DeviceRequest {
+    DeviceRequest {
+        name,
+        exactly: Some(ExactDeviceRequest {
+            device_class_name: class.to_string(),
+            allocation_mode: Some("ExactCount".into()),
+            count: Some(count),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// The claim that serves the pod's DRA-served extended resources
@@ -200,16 +201,7 @@ pub fn claim_for(
         requests = served
             .iter()
             .enumerate()
-            .map(|(i, r)| DeviceRequest {
-                name: format!("request-{i}"),
-                exactly: Some(ExactDeviceRequest {
-                    device_class_name: r.class.clone(),
-                    allocation_mode: Some("ExactCount".into()),
-                    count: Some(r.count),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
+            .map(|(i, r)| exact_request(format!("request-{i}"), &r.class, r.count))
             .collect();
     }
     let claim = ResourceClaim {
@@ -252,6 +244,18 @@ pub fn claim_for(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A claim's requests as (name, class, count).
+    fn requests_of(claim: ResourceClaim) -> Vec<(String, String, i64)> {
+        let requests = claim.spec.unwrap().devices.unwrap().requests.unwrap();
+        requests
+            .into_iter()
+            .map(|r| {
+                let e = r.exactly.unwrap();
+                (r.name, e.device_class_name, e.count.unwrap())
+            })
+            .collect()
+    }
 
     #[test]
     fn a_class_with_the_resource_name_serves_it() {
@@ -333,19 +337,7 @@ mod tests {
             count: 1,
         };
         let (claim, mappings) = claim_for(&pod, &[&gpu, &fpga]);
-        let requests: Vec<(String, String, i64)> = claim
-            .spec
-            .unwrap()
-            .devices
-            .unwrap()
-            .requests
-            .unwrap()
-            .into_iter()
-            .map(|r| {
-                let e = r.exactly.unwrap();
-                (r.name, e.device_class_name, e.count.unwrap())
-            })
-            .collect();
+        let requests = requests_of(claim);
         let q = |n: &str, c: &str, k: i64| (n.to_string(), c.to_string(), k);
         assert_eq!(
             requests,
@@ -392,22 +384,13 @@ mod tests {
             count: 4,
         };
         let (claim, mappings) = claim_for(&pod, &[&gpu]);
-        let requests: Vec<(String, i64)> = claim
-            .spec
-            .unwrap()
-            .devices
-            .unwrap()
-            .requests
-            .unwrap()
-            .into_iter()
-            .map(|r| (r.name, r.exactly.unwrap().count.unwrap()))
-            .collect();
+        let requests = requests_of(claim);
         // a needs 3 - 1 = 2 more, b 4 - 1 = 3 more: only b's extra request is kept.
         assert_eq!(
             requests,
             [
-                ("container-1-request-0".to_string(), 3),
-                ("container-2-request-0".to_string(), 1)
+                ("container-1-request-0".to_string(), "gpu".to_string(), 3),
+                ("container-2-request-0".to_string(), "gpu".to_string(), 1)
             ]
         );
         let to: Vec<(&str, &str)> = mappings
