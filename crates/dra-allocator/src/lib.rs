@@ -98,6 +98,7 @@ pub mod build;
 mod capacity;
 mod error;
 mod fxhash;
+mod intern;
 mod materialise;
 mod nodesel;
 mod outcome;

@@ -138,7 +138,7 @@ fn placement(snap: &Snapshot, entry: u32) -> Placement<'_> {
 /// The request chosen for group `g` (its subrequest for `firstAvailable`).
 fn chosen_req(plan: &Plan, a: &Allocation, g: usize) -> usize {
     let group = &plan.groups[g];
-    match a.chosen[g] {
+    match a.quality.ranks[g] {
         Some(i) => group.alts[i],
         None => group.alts[0],
     }

@@ -42,8 +42,6 @@ pub struct Allocation {
     pub quality: Quality,
     /// Every device picked, claim by claim, in result order.
     pub(crate) picks: Vec<Picked>,
-    /// Per request group of the plan: the `firstAvailable` alternative chosen.
-    pub(crate) chosen: Vec<Option<usize>>,
 }
 
 /// One device of an [`Allocation`].
@@ -71,9 +69,9 @@ pub struct Resolved {
 /// How good a solution is, for node scoring.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Quality {
-    /// Per claim, per request: the index of the `firstAvailable` subrequest chosen
-    /// (`None` for plain requests).
-    pub ranks: Vec<Vec<Option<usize>>>,
+    /// Per request of the pod (claims in order, each claim's requests in order): the index
+    /// of the `firstAvailable` subrequest chosen (`None` for plain requests).
+    pub ranks: Vec<Option<usize>>,
     /// Kubernetes' prioritized-list node score: the sum over `firstAvailable` requests of
     /// (8 − chosen index). Higher is better.
     pub prioritized_score: u32,

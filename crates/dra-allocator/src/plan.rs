@@ -22,7 +22,7 @@ pub(crate) struct CompiledSelector {
     pub expr: u32,
     pub selector: Arc<dra_cel::Selector>,
     /// What the expression reads of a device, when its text tells (see [`crate::reads`]).
-    pub reads: Option<Arc<[crate::reads::Read]>>,
+    pub reads: Option<Arc<[crate::intern::ReadIds]>>,
 }
 
 /// One request, or one subrequest of a `firstAvailable` request.
@@ -119,7 +119,7 @@ fn compile(
         out.push(CompiledSelector {
             expr: snapshot.expr_id(&cel.expression),
             selector,
-            reads: crate::reads::reads(&cel.expression).map(Arc::from),
+            reads: crate::reads::reads(&cel.expression).map(|r| snapshot.resolve_reads(&r).into()),
         });
     }
     Ok(out)

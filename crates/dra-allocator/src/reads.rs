@@ -10,8 +10,6 @@
 //! key, optional selection, comments, escaped or raw strings) gives up, and such
 //! expressions keep the per-device key.
 
-use k8s_openapi::api::resource::v1::Device;
-
 /// One value an expression reads: `device.attributes[domain].name` (or the capacity).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Read {
@@ -143,94 +141,6 @@ pub(crate) fn reads(expr: &str) -> Option<Vec<Read>> {
         i = next;
     }
     Some(out)
-}
-
-/// The entry `domain`/`name` of a device map, found the way the CEL environment finds it
-/// (the unqualified name first when the domain is the driver's).
-fn find<'a, T>(
-    map: Option<&'a std::collections::BTreeMap<String, T>>,
-    driver: &str,
-    read: &Read,
-) -> Option<&'a T> {
-    let map = map?;
-    if read.domain == driver
-        && !read.name.contains('/')
-        && let Some(v) = map.get(&read.name)
-    {
-        return Some(v);
-    }
-    map.get(&read.qualified)
-}
-
-fn put(buf: &mut Vec<u8>, bytes: &[u8]) {
-    buf.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-    buf.extend_from_slice(bytes);
-}
-
-fn put_list<T>(buf: &mut Vec<u8>, list: &Option<Vec<T>>, item: impl Fn(&mut Vec<u8>, &T)) {
-    match list {
-        None => buf.push(0),
-        Some(v) => {
-            buf.push(1);
-            buf.extend_from_slice(&(v.len() as u32).to_le_bytes());
-            for x in v {
-                item(buf, x);
-            }
-        }
-    }
-}
-
-/// Writes the selector-cache key of a device for expression `expr` that reads `reads`:
-/// the driver, `allowMultipleAllocations` and each value read, length-prefixed, so that
-/// keys are equal exactly when the expression cannot tell the devices apart.
-pub(crate) fn encode(buf: &mut Vec<u8>, expr: u32, driver: &str, device: &Device, reads: &[Read]) {
-    buf.clear();
-    buf.extend_from_slice(&expr.to_le_bytes());
-    put(buf, driver.as_bytes());
-    buf.push(u8::from(device.allow_multiple_allocations.unwrap_or(false)));
-    for r in reads {
-        if r.capacity {
-            match find(device.capacity.as_ref(), driver, r) {
-                None => buf.push(0),
-                Some(c) => {
-                    buf.push(1);
-                    put(buf, c.value.0.as_bytes());
-                }
-            }
-            continue;
-        }
-        let Some(a) = find(device.attributes.as_ref(), driver, r) else {
-            buf.push(0);
-            continue;
-        };
-        buf.push(1);
-        let opt_str = |buf: &mut Vec<u8>, s: &Option<String>| match s {
-            None => buf.push(0),
-            Some(s) => {
-                buf.push(1);
-                put(buf, s.as_bytes());
-            }
-        };
-        match a.bool {
-            None => buf.push(0),
-            Some(b) => buf.push(2 + u8::from(b)),
-        }
-        match a.int {
-            None => buf.push(0),
-            Some(i) => {
-                buf.push(1);
-                buf.extend_from_slice(&i.to_le_bytes());
-            }
-        }
-        opt_str(buf, &a.string);
-        opt_str(buf, &a.version);
-        put_list(buf, &a.bools, |buf, b| buf.push(u8::from(*b)));
-        put_list(buf, &a.ints, |buf, i| {
-            buf.extend_from_slice(&i.to_le_bytes())
-        });
-        put_list(buf, &a.strings, |buf, s| put(buf, s.as_bytes()));
-        put_list(buf, &a.versions, |buf, s| put(buf, s.as_bytes()));
-    }
 }
 
 #[cfg(test)]

@@ -142,6 +142,8 @@ struct Scratch {
     reqs: Vec<ReqRun>,
     results: Vec<Vec<Pick>>,
     attr_values: Vec<Vec<Vec<Option<AttrValue>>>>,
+    consumed: Vec<Vec<Quantity>>,
+    cstate: Vec<Vec<ConstraintState>>,
 }
 
 thread_local! {
@@ -180,6 +182,8 @@ impl Drop for NodeRun<'_> {
             alloc_shares: emptied(&mut self.alloc_shares),
             marks: emptied(&mut self.marks),
             chosen: emptied(&mut self.chosen),
+            consumed: std::mem::take(&mut self.consumed),
+            cstate: std::mem::take(&mut self.cstate),
             reqs,
             results,
         };
@@ -323,19 +327,25 @@ impl<'a> NodeRun<'a> {
         let mut reqs = std::mem::take(&mut sc.reqs);
         reqs.truncate(plan.reqs.len());
         reqs.resize_with(plan.reqs.len(), ReqRun::default);
-        let consumed = pools
-            .iter()
-            .map(|p| vec![Quantity::ZERO; p.available.len()])
-            .collect();
+        let mut consumed = std::mem::take(&mut sc.consumed);
+        consumed.truncate(pools.len());
+        consumed.resize_with(pools.len(), Vec::new);
+        for (c, p) in consumed.iter_mut().zip(&pools) {
+            c.clear();
+            c.resize(p.available.len(), Quantity::ZERO);
+        }
         let mut attr_values = std::mem::take(&mut sc.attr_values);
         attr_values.truncate(plan.claims.len());
         attr_values.resize_with(plan.claims.len(), Vec::new);
-        let mut cstate = Vec::new();
+        let mut cstate = std::mem::take(&mut sc.cstate);
+        cstate.truncate(plan.claims.len());
+        cstate.resize_with(plan.claims.len(), Vec::new);
         for (ci, claim) in plan.claims.iter().enumerate() {
             let per_claim = &mut attr_values[ci];
             per_claim.truncate(claim.constraints.len());
             per_claim.resize_with(claim.constraints.len(), Vec::new);
-            let mut states = Vec::new();
+            let states = &mut cstate[ci];
+            states.clear();
             for (c, values) in claim.constraints.iter().zip(per_claim.iter_mut()) {
                 let numa = c.attribute == NUMA_ATTRIBUTE;
                 values.clear();
@@ -351,7 +361,6 @@ impl<'a> NodeRun<'a> {
                 }));
                 states.push(ConstraintState::new(c.kind));
             }
-            cstate.push(states);
         }
         let mut run = NodeRun {
             snap,
@@ -1139,7 +1148,6 @@ impl<'a> NodeRun<'a> {
         let a = Allocation {
             quality: self.quality(),
             picks,
-            chosen: self.chosen.clone(),
         };
         crate::materialise::check(self.snap, self.plan, &a)?;
         Ok(a)
@@ -1147,11 +1155,10 @@ impl<'a> NodeRun<'a> {
 
     fn quality(&self) -> Quality {
         let plan = self.plan;
-        let mut q = Quality::default();
-        for claim in &plan.claims {
-            q.ranks
-                .push(claim.groups.clone().map(|g| self.chosen[g]).collect());
-        }
+        let mut q = Quality {
+            ranks: self.chosen.clone(),
+            ..Default::default()
+        };
         for (g, group) in plan.groups.iter().enumerate() {
             if group.first_available {
                 q.prioritized_score += 8u32.saturating_sub(self.chosen[g].unwrap_or(0) as u32);

@@ -4,7 +4,7 @@
 //! depend on the node or the claims is computed here, once.
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -15,6 +15,7 @@ use k8s_openapi::api::resource::v1::{
 
 use crate::error::AllocError;
 use crate::fxhash::FxMap;
+use crate::intern::ReadIds;
 use crate::nodesel::node_matches;
 use crate::quantity::Quantity;
 
@@ -87,28 +88,21 @@ pub(crate) struct Capacity {
     pub has_policy: bool,
 }
 
-/// Per-device facts that depend on neither node nor claims.
+/// Per-device facts that depend on neither node nor claims. `repr(C)` keeps the order
+/// below: the fields every attempt reads of every device of a node come first, in one
+/// cache line, so a fresh snapshot costs fewer memory reads per device.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct DeviceEntry {
-    pub slice: u32,
-    pub index: u32,
-    /// Taints from the slice plus matching DeviceTaintRules.
-    pub taints: Vec<DeviceTaint>,
-    /// Equal for devices that differ only in name: interchangeable in any solution
-    /// (the signature interned to a small number, the same across the snapshot).
-    pub sym: u32,
-    pub capacity: Vec<Capacity>,
-    pub counters: Consumption,
-    /// Hash of what CEL sees of the device: the selector-result cache key.
-    pub cel_key: u64,
     /// First-level selector cache for expression ids below 64: bit set in `sel_known` once
     /// evaluated, the result in `sel_value`. Lock-free and next to the device's other data.
     pub sel_known: AtomicU64,
     pub sel_value: AtomicU64,
-    /// Why the device cannot be used at all (e.g. an unparsable quantity).
-    pub broken: Option<String>,
-    /// What a request without `capacity` consumes (`Ok(None)`: it does not fit).
-    pub unrequested: Result<Option<Vec<Quantity>>, crate::capacity::CapacityError>,
+    /// What CEL sees of the device, as numbers: the selector-result cache key.
+    pub view: crate::intern::DeviceView,
+    /// Equal for devices that differ only in name: interchangeable in any solution
+    /// (the signature interned to a small number, the same across the snapshot).
+    pub sym: u32,
     /// `resource.kubernetes.io/numaNode` (interned), for the fragmentation score.
     pub numa: Option<u32>,
     /// `allowMultipleAllocations` is true.
@@ -117,6 +111,16 @@ pub(crate) struct DeviceEntry {
     pub binding_conditions: bool,
     /// The slice selects nodes per device (`perDeviceNodeSelection`).
     pub per_device: bool,
+    /// Taints from the slice plus matching DeviceTaintRules.
+    pub taints: Vec<DeviceTaint>,
+    pub counters: Consumption,
+    /// Why the device cannot be used at all (e.g. an unparsable quantity).
+    pub broken: Option<String>,
+    /// What a request without `capacity` consumes (`Ok(None)`: it does not fit).
+    pub unrequested: Result<Option<Vec<Quantity>>, crate::capacity::CapacityError>,
+    pub capacity: Vec<Capacity>,
+    pub slice: u32,
+    pub index: u32,
 }
 
 pub(crate) const NUMA_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
@@ -136,11 +140,11 @@ impl Usage {
 }
 
 const CACHE_SHARDS: usize = 16;
-/// (expression id, CEL-visible device hash) → selected.
-type ResultShard = FxMap<(u32, u64), bool>;
+/// (expression id, device view) → selected.
+type ResultShard = FxMap<(u32, u32), bool>;
 
-/// (expression id and what it reads of a device, see [`crate::reads::encode`]) → selected.
-type ReadShard = FxMap<Box<[u8]>, bool>;
+/// (expression id, driver, allowMultipleAllocations, the value of each read) → selected.
+type ReadShard = FxMap<Box<[u32]>, bool>;
 
 /// Past this many remembered results a shard starts over (bounded memory).
 const CACHE_SHARD_LIMIT: usize = 1 << 18;
@@ -151,8 +155,15 @@ const CACHE_SHARD_LIMIT: usize = 1 << 18;
 /// [`Snapshot::selector_cache`] in [`SnapshotInput::selector_cache`].
 #[derive(Debug)]
 pub struct SelectorCache {
+    /// Unique in the process: tells caches apart where a pointer could be reused.
+    id: u64,
     pub(crate) env: dra_cel::Environment,
     options: bool,
+    /// The numbers results are keyed by; written only while a snapshot is built (a
+    /// snapshot of another thread that resolves an expression's reads meanwhile waits).
+    interner: RwLock<crate::intern::Interner>,
+    /// Past this many numbers the next snapshot starts a fresh cache.
+    interner_limit: usize,
     expr_ids: RwLock<HashMap<String, u32>>,
     results: Vec<RwLock<ResultShard>>,
     read_results: Vec<RwLock<ReadShard>>,
@@ -160,11 +171,15 @@ pub struct SelectorCache {
 
 impl SelectorCache {
     pub fn new(list_type_attributes: bool) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
         SelectorCache {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
             env: dra_cel::Environment::new(dra_cel::Options {
                 list_type_attributes,
             }),
             options: list_type_attributes,
+            interner: RwLock::default(),
+            interner_limit: crate::intern::LIMIT,
             expr_ids: RwLock::new(HashMap::new()),
             results: (0..CACHE_SHARDS)
                 .map(|_| RwLock::new(FxMap::default()))
@@ -173,6 +188,26 @@ impl SelectorCache {
                 .map(|_| RwLock::new(FxMap::default()))
                 .collect(),
         }
+    }
+}
+
+/// The last read-key result a thread looked up or stored: consecutive devices mostly
+/// agree on what a selector reads, and the same key always gives the same result, so the
+/// shared map (hash, lock) is skipped for them.
+#[derive(Debug, Default)]
+struct LastRead {
+    /// [`SelectorCache::id`]; 0 is no cache.
+    cache: u64,
+    key: Vec<u32>,
+    matches: bool,
+}
+
+impl LastRead {
+    fn remember(&mut self, cache: u64, key: &[u32], matches: bool) {
+        self.cache = cache;
+        self.key.clear();
+        self.key.extend_from_slice(key);
+        self.matches = matches;
     }
 }
 
@@ -186,6 +221,8 @@ pub struct Snapshot {
     classes: HashMap<String, DeviceClass>,
     pub(crate) slices: Vec<ResourceSlice>,
     pub(crate) devices: Vec<DeviceEntry>,
+    /// The attribute and capacity numbers of every [`DeviceEntry::view`].
+    view_pairs: crate::intern::Pairs,
     pub(crate) slice_devices: Vec<(u32, u32)>,
     node_slices: FxMap<String, Vec<u32>>,
     shared_slices: Vec<u32>,
@@ -215,50 +252,71 @@ struct SliceInfo {
     partitionable_only: bool,
 }
 
-fn hash_of<T: Hash + ?Sized>(salt: u64, v: &T) -> u64 {
-    let mut h = DefaultHasher::new();
-    salt.hash(&mut h);
-    v.hash(&mut h);
-    h.finish()
-}
-
-fn signature(slice: &ResourceSlice, device: &Device, taints: &[DeviceTaint]) -> u128 {
-    let mut d = device.clone();
-    d.name.clear();
-    d.taints = None;
-    let spec = &slice.spec;
-    let per_device = spec.per_device_node_selection.unwrap_or(false);
-    let placement = if per_device {
-        String::new()
-    } else {
-        serde_json::to_string(&(&spec.node_name, &spec.all_nodes, &spec.node_selector))
-            .unwrap_or_default()
+/// Everything but the name that makes two devices of one pool interchangeable, as numbers:
+/// the slice's placement, the CEL view, taints, and the rarer fields (counters, per-device
+/// placement, binding conditions, capacity policies) as text when present.
+fn signature(
+    texts: &mut HashMap<String, u32>,
+    placement: u32,
+    view: u32,
+    device: &Device,
+    taints: &[DeviceTaint],
+) -> [u32; 4] {
+    let mut text = |t: String| {
+        let next = texts.len() as u32;
+        *texts.entry(t).or_insert(next)
     };
-    let text = serde_json::to_string(&(
-        &spec.driver,
-        &spec.pool.name,
-        placement,
-        &d,
-        taints
-            .iter()
-            .map(|t| (&t.key, &t.value, &t.effect))
-            .collect::<Vec<_>>(),
-    ))
-    .unwrap_or_default();
-    (u128::from(hash_of(1, &text)) << 64) | u128::from(hash_of(2, &text))
-}
-
-/// What a CEL selector can see of a device, hashed (128 bits folded to 64 after mixing
-/// two independently keyed hashes, so accidental collisions are negligible).
-fn cel_key(driver: &str, device: &Device) -> u64 {
-    let text = serde_json::to_string(&(
-        driver,
-        &device.attributes,
-        &device.capacity,
-        device.allow_multiple_allocations.unwrap_or(false),
-    ))
-    .unwrap_or_default();
-    hash_of(3, &text) ^ hash_of(4, &text).rotate_left(32)
+    let Device {
+        name: _,
+        attributes: _,
+        allow_multiple_allocations: _,
+        taints: _,
+        all_nodes,
+        binding_conditions,
+        binding_failure_conditions,
+        binds_to_node,
+        capacity,
+        consumes_counters,
+        node_allocatable_resources,
+        node_name,
+        node_selector,
+    } = device;
+    let policies = capacity
+        .iter()
+        .flatten()
+        .any(|(_, c)| c.request_policy.is_some());
+    let rest = if all_nodes.is_some()
+        || binding_conditions.is_some()
+        || binding_failure_conditions.is_some()
+        || binds_to_node.is_some()
+        || consumes_counters.is_some()
+        || node_allocatable_resources.is_some()
+        || node_name.is_some()
+        || node_selector.is_some()
+        || policies
+    {
+        let mut d = device.clone();
+        d.name.clear();
+        d.taints = None;
+        d.attributes = None;
+        text(serde_json::to_string(&d).unwrap_or_default())
+    } else {
+        crate::intern::ABSENT
+    };
+    let taints = if taints.is_empty() {
+        crate::intern::ABSENT
+    } else {
+        text(
+            serde_json::to_string(
+                &taints
+                    .iter()
+                    .map(|t| (&t.key, &t.value, &t.effect))
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap_or_default(),
+        )
+    };
+    [placement, view, rest, taints]
 }
 
 fn parse_q(
@@ -332,13 +390,21 @@ impl Snapshot {
             features,
             selector_cache,
         } = input;
+        // A cache whose numbers grew past the limit is left to the snapshots still using it.
         let cache = selector_cache
-            .filter(|c| c.options == features.list_type_attributes)
+            .filter(|c| {
+                c.options == features.list_type_attributes
+                    && c.interner.read().expect("not poisoned").len() < c.interner_limit
+            })
             .unwrap_or_else(|| Arc::new(SelectorCache::new(features.list_type_attributes)));
+        let mut interner = cache.interner.write().expect("not poisoned");
+        let mut buf = Vec::new();
+        let mut view_pairs = Vec::new();
+        let mut texts: HashMap<String, u32> = HashMap::new();
         let mut devices = Vec::new();
         let mut slice_devices = Vec::with_capacity(slices.len());
         let mut node_slices: FxMap<String, Vec<u32>> = FxMap::default();
-        let mut sigs: HashMap<u128, u32> = HashMap::new();
+        let mut sigs: FxMap<[u32; 4], u32> = FxMap::default();
         let mut numa_values: Vec<crate::attr::AttrValue> = Vec::new();
         let mut shared_slices = Vec::new();
         let mut pool_slices: HashMap<(String, String), Vec<u32>> = HashMap::new();
@@ -347,6 +413,21 @@ impl Snapshot {
         for (si, slice) in slices.iter().enumerate() {
             let spec = &slice.spec;
             let start = devices.len() as u32;
+            let placement = if spec.per_device_node_selection.unwrap_or(false) {
+                (&spec.driver, &spec.pool.name, None)
+            } else {
+                (
+                    &spec.driver,
+                    &spec.pool.name,
+                    Some((&spec.node_name, &spec.all_nodes, &spec.node_selector)),
+                )
+            };
+            let placement = {
+                let next = texts.len() as u32;
+                *texts
+                    .entry(serde_json::to_string(&placement).unwrap_or_default())
+                    .or_insert(next)
+            };
             for (di, device) in spec.devices.iter().flatten().enumerate() {
                 let mut taints = device.taints.clone().unwrap_or_default();
                 for rule in &taint_rules {
@@ -375,9 +456,10 @@ impl Snapshot {
                                 id
                             }
                         });
+                let view = interner.device(&mut buf, &mut view_pairs, &spec.driver, device);
                 let next = sigs.len() as u32;
                 let sym = *sigs
-                    .entry(signature(slice, device, &taints))
+                    .entry(signature(&mut texts, placement, view.id, device, &taints))
                     .or_insert(next);
                 devices.push(DeviceEntry {
                     slice: si as u32,
@@ -388,7 +470,7 @@ impl Snapshot {
                     binding_conditions: device.binding_conditions.is_some(),
                     per_device: spec.per_device_node_selection == Some(true),
                     sym,
-                    cel_key: cel_key(&spec.driver, device),
+                    view,
                     sel_known: AtomicU64::new(0),
                     sel_value: AtomicU64::new(0),
                     taints,
@@ -427,6 +509,7 @@ impl Snapshot {
                 .or_default()
                 .push(si as u32);
         }
+        drop(interner);
         let mut pool_keys: Vec<(String, String)> = pool_slices.keys().cloned().collect();
         pool_keys.sort();
         let mut slice_pool = vec![0u32; slices.len()];
@@ -471,6 +554,7 @@ impl Snapshot {
             numa_values,
             slices,
             devices,
+            view_pairs,
             slice_devices,
             node_slices,
             shared_slices,
@@ -626,21 +710,33 @@ impl Snapshot {
         &self,
         expr: u32,
         entry: u32,
-        reads: Option<&[crate::reads::Read]>,
+        reads: Option<&[ReadIds]>,
     ) -> Option<bool> {
         let e = &self.devices[entry as usize];
         if expr < 64 && e.sel_known.load(Ordering::Acquire) & (1 << expr) != 0 {
             return Some(e.sel_value.load(Ordering::Relaxed) & (1 << expr) != 0);
         }
         let hit = match reads {
-            Some(reads) => self.with_read_key(expr, entry, reads, |shard, key| {
-                shard.read().expect("not poisoned").get(key).copied()
+            Some(reads) => self.with_read_key(expr, entry, reads, |last, key| {
+                if last.cache == self.cache.id && last.key == key {
+                    return Some(last.matches);
+                }
+                let hit = self
+                    .read_shard(key)
+                    .read()
+                    .expect("not poisoned")
+                    .get(key)
+                    .copied();
+                if let Some(b) = hit {
+                    last.remember(self.cache.id, key, b);
+                }
+                hit
             }),
             None => self
-                .shard(expr, e.cel_key)
+                .shard(expr, e.view.id)
                 .read()
                 .expect("not poisoned")
-                .get(&(expr, e.cel_key))
+                .get(&(expr, e.view.id))
                 .copied(),
         };
         if let Some(b) = hit {
@@ -649,30 +745,38 @@ impl Snapshot {
         hit
     }
 
-    /// Runs `f` with the shard and key for what `reads` sees of a device (a per-thread
-    /// buffer: no allocation per lookup).
+    /// Runs `f` with this thread's last read-key result and the key for what `reads` sees
+    /// of a device (per-thread buffers: no allocation per lookup).
     fn with_read_key<T>(
         &self,
         expr: u32,
         entry: u32,
-        reads: &[crate::reads::Read],
-        f: impl FnOnce(&RwLock<ReadShard>, &[u8]) -> T,
+        reads: &[ReadIds],
+        f: impl FnOnce(&mut LastRead, &[u32]) -> T,
     ) -> T {
         thread_local! {
-            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+            static BUF: std::cell::RefCell<(Vec<u32>, LastRead)> =
+                std::cell::RefCell::new((Vec::new(), LastRead::default()));
         }
-        let (slice, device) = self.device(entry);
-        BUF.with_borrow_mut(|buf| {
-            crate::reads::encode(buf, expr, &slice.spec.driver, device, reads);
-            let mut h = crate::fxhash::FxHasher::default();
-            std::hash::Hasher::write(&mut h, buf);
-            let i = std::hash::Hasher::finish(&h) as usize % CACHE_SHARDS;
-            f(&self.cache.read_results[i], buf)
+        let view = &self.devices[entry as usize].view;
+        BUF.with_borrow_mut(|(buf, last)| {
+            buf.clear();
+            buf.extend([expr, view.driver, u32::from(view.multi)]);
+            buf.extend(reads.iter().map(|r| view.value(&self.view_pairs, r)));
+            f(last, buf)
         })
     }
 
-    fn shard(&self, expr: u32, key: u64) -> &RwLock<ResultShard> {
-        &self.cache.results[(key as usize ^ expr as usize) % CACHE_SHARDS]
+    fn read_shard(&self, key: &[u32]) -> &RwLock<ReadShard> {
+        let mut h = crate::fxhash::FxHasher::default();
+        for &w in key {
+            std::hash::Hasher::write_u32(&mut h, w);
+        }
+        &self.cache.read_results[std::hash::Hasher::finish(&h) as usize % CACHE_SHARDS]
+    }
+
+    fn shard(&self, expr: u32, view: u32) -> &RwLock<ResultShard> {
+        &self.cache.results[(view as usize ^ expr as usize) % CACHE_SHARDS]
     }
 
     fn remember_here(&self, expr: u32, entry: u32, matches: bool) {
@@ -689,27 +793,38 @@ impl Snapshot {
         &self,
         expr: u32,
         entry: u32,
-        reads: Option<&[crate::reads::Read]>,
+        reads: Option<&[ReadIds]>,
         matches: bool,
     ) {
         self.remember_here(expr, entry, matches);
         match reads {
-            Some(reads) => self.with_read_key(expr, entry, reads, |shard, key| {
-                let mut map = shard.write().expect("not poisoned");
+            Some(reads) => self.with_read_key(expr, entry, reads, |last, key| {
+                last.remember(self.cache.id, key, matches);
+                let mut map = self.read_shard(key).write().expect("not poisoned");
                 if map.len() >= CACHE_SHARD_LIMIT {
                     map.clear();
                 }
                 map.insert(key.into(), matches);
             }),
             None => {
-                let key = self.devices[entry as usize].cel_key;
-                let mut map = self.shard(expr, key).write().expect("not poisoned");
+                let view = self.devices[entry as usize].view.id;
+                let mut map = self.shard(expr, view).write().expect("not poisoned");
                 if map.len() >= CACHE_SHARD_LIMIT {
                     map.clear();
                 }
-                map.insert((expr, key), matches);
+                map.insert((expr, view), matches);
             }
         }
+    }
+
+    /// What an expression reads (see [`crate::reads`]), as the numbers of this snapshot's
+    /// selector cache.
+    pub(crate) fn resolve_reads(&self, reads: &[crate::reads::Read]) -> Vec<ReadIds> {
+        self.cache
+            .interner
+            .read()
+            .expect("not poisoned")
+            .reads(reads)
     }
 
     /// Compiles a selector expression. Compiled programs are shared by every snapshot in
@@ -1063,5 +1178,96 @@ impl PoolInfo {
             s: Arc::new(PoolStatic::new(driver, pool, state)),
             available: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build::*;
+
+    fn snapshot(devices: Vec<DeviceBuilder>, cache: Option<Arc<SelectorCache>>) -> Snapshot {
+        Snapshot::new(SnapshotInput {
+            slices: vec![
+                slice("s", "g")
+                    .pool("p", 1, 1)
+                    .node("n")
+                    .devices(devices)
+                    .build(),
+            ],
+            selector_cache: cache,
+            ..Default::default()
+        })
+    }
+
+    fn gpu(name: &str) -> DeviceBuilder {
+        device(name).string("model", "h100").int(NUMA_ATTRIBUTE, 0)
+    }
+
+    #[test]
+    fn only_devices_that_differ_in_name_alone_are_interchangeable() {
+        let policy = k8s_openapi::api::resource::v1::CapacityRequestPolicy {
+            default: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                "1".into(),
+            )),
+            ..Default::default()
+        };
+        let snap = snapshot(
+            vec![
+                gpu("a").capacity("mem", "8"),
+                gpu("b").capacity("mem", "8"),
+                gpu("tainted")
+                    .capacity("mem", "8")
+                    .taint("k", "v", "NoSchedule"),
+                gpu("other-model")
+                    .capacity("mem", "8")
+                    .string("model", "a100"),
+                gpu("more-memory").capacity("mem", "16"),
+                gpu("policy").capacity_policy("mem", "8", policy),
+                gpu("counters")
+                    .capacity("mem", "8")
+                    .consumes("set", &[("c", "1")]),
+                gpu("own-node").capacity("mem", "8").on_node("n"),
+                gpu("conditions")
+                    .capacity("mem", "8")
+                    .binding_conditions(&["ready"], &["failed"]),
+            ],
+            None,
+        );
+        let sym: Vec<u32> = snap.devices.iter().map(|d| d.sym).collect();
+        assert_eq!(sym[0], sym[1], "a and b differ in name only");
+        for (i, s) in sym.iter().enumerate().skip(2) {
+            assert!(
+                !sym[..i].contains(s),
+                "device {i} must not be interchangeable with an earlier one: {sym:?}"
+            );
+        }
+        // CEL sees neither taints nor capacity policies: those share a view.
+        let view: Vec<u32> = snap.devices.iter().map(|d| d.view.id).collect();
+        assert_eq!(view[0], view[2]);
+        assert_eq!(view[0], view[5]);
+        assert_ne!(view[0], view[3]);
+        assert_ne!(view[0], view[4]);
+    }
+
+    #[test]
+    fn a_cache_that_grew_too_large_is_not_reused() {
+        let small = Arc::new(SelectorCache {
+            interner_limit: 12,
+            ..SelectorCache::new(false)
+        });
+        let first = snapshot(vec![gpu("a"), gpu("b")], Some(Arc::clone(&small)));
+        assert!(Arc::ptr_eq(&first.cache, &small), "under the limit: reused");
+        let many = (0..20)
+            .map(|i| gpu(&format!("g{i}")).int("serial", i))
+            .collect();
+        let second = snapshot(many, Some(Arc::clone(&small)));
+        assert!(Arc::ptr_eq(&second.cache, &small));
+        let third = snapshot(vec![gpu("a")], Some(Arc::clone(&small)));
+        assert!(
+            !Arc::ptr_eq(&third.cache, &small),
+            "past the limit a fresh cache is started"
+        );
+        assert!(third.cache.interner.read().unwrap().len() < 12);
     }
 }

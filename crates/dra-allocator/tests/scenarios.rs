@@ -376,7 +376,7 @@ fn first_available_falls_back_in_order_and_reports_the_rank() {
     ));
     let a = ok(&snap, &[c]);
     assert_eq!(devices(&a, 0), ["r/mid=gpu-0", "r/mid=gpu-1"]);
-    assert_eq!(a.quality.ranks, vec![vec![Some(1)]]);
+    assert_eq!(a.quality.ranks, vec![Some(1)]);
     assert_eq!(a.quality.prioritized_score, 7);
 }
 

@@ -1,0 +1,307 @@
+//! Small numbers for what devices carry: driver and attribute names, attribute and
+//! capacity values, and whole "views" (everything CEL can see of a device).
+//!
+//! A snapshot turns each device into a [`DeviceView`] once, when it is built. From then on
+//! the selector-result cache is keyed by these numbers: comparing and hashing a few `u32`s
+//! per device instead of reading the API object's attribute map (string comparisons) on
+//! every first look at a device. The interner lives in the [`crate::SelectorCache`], so
+//! the numbers, and the results keyed by them, stay valid across snapshot rebuilds.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
+
+use crate::fxhash::FxMap;
+
+/// The value number of "the device has no such attribute or capacity".
+pub(crate) const ABSENT: u32 = u32::MAX;
+
+/// Past this many numbers a snapshot starts a fresh selector cache (bounded memory).
+pub(crate) const LIMIT: usize = 1 << 20;
+
+/// Numbers for names, values and views. Names and values come from the API (untrusted
+/// text), so they are hashed with the standard library's keyed hasher.
+#[derive(Debug, Default)]
+pub(crate) struct Interner {
+    names: HashMap<Box<str>, u32>,
+    values: HashMap<Box<[u8]>, u32>,
+    views: FxMap<Box<[u32]>, u32>,
+}
+
+/// What a CEL selector can see of a device, as numbers: driver, `allowMultipleAllocations`,
+/// and the attribute and capacity maps as (map key, value) pairs sorted by key. The pairs
+/// of all devices sit in one array of the snapshot ([`Pairs`]), devices of a node next to
+/// each other, so looking at a node's devices reads one stretch of memory.
+#[derive(Debug)]
+pub(crate) struct DeviceView {
+    pub driver: u32,
+    pub multi: bool,
+    /// Where this device's attribute pairs start in [`Pairs`], followed by its capacities.
+    start: u32,
+    attributes: u16,
+    capacity: u16,
+    /// Equal for devices CEL cannot tell apart.
+    pub id: u32,
+}
+
+/// The (map key, value) pairs of every [`DeviceView`] of a snapshot.
+pub(crate) type Pairs = Vec<(u32, u32)>;
+
+/// One value an expression reads (see [`crate::reads::Read`]), resolved to numbers: the
+/// map keys to look for, `None` where no device has such a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ReadIds {
+    pub capacity: bool,
+    /// The read's domain as a driver name: the unqualified key applies to that driver only.
+    pub domain: Option<u32>,
+    /// The unqualified key (`name`), when it may be written so.
+    pub plain: Option<u32>,
+    /// The qualified key (`domain/name`).
+    pub qualified: Option<u32>,
+}
+
+impl DeviceView {
+    /// The value number `read` finds in this device, looked up the way the CEL environment
+    /// looks (the unqualified key first when the domain is the driver's), or [`ABSENT`].
+    pub fn value(&self, pairs: &[(u32, u32)], read: &ReadIds) -> u32 {
+        let start = self.start as usize;
+        let (attributes, capacity) = (usize::from(self.attributes), usize::from(self.capacity));
+        let map = if read.capacity {
+            &pairs[start + attributes..start + attributes + capacity]
+        } else {
+            &pairs[start..start + attributes]
+        };
+        let find = |key: Option<u32>| {
+            let key = key?;
+            map.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+        };
+        if read.domain == Some(self.driver)
+            && let Some(v) = find(read.plain)
+        {
+            return v;
+        }
+        find(read.qualified).unwrap_or(ABSENT)
+    }
+}
+
+impl Interner {
+    pub fn len(&self) -> usize {
+        self.names.len() + self.values.len() + self.views.len()
+    }
+
+    pub fn name(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.names.get(s) {
+            return id;
+        }
+        let id = self.names.len() as u32;
+        self.names.insert(s.into(), id);
+        id
+    }
+
+    pub fn name_id(&self, s: &str) -> Option<u32> {
+        self.names.get(s).copied()
+    }
+
+    fn value(&mut self, bytes: &[u8]) -> u32 {
+        if let Some(&id) = self.values.get(bytes) {
+            return id;
+        }
+        let id = self.values.len() as u32;
+        self.values.insert(bytes.into(), id);
+        id
+    }
+
+    /// The numbers of one device, its pairs appended to `pairs`; `buf` is scratch space.
+    pub fn device(
+        &mut self,
+        buf: &mut Vec<u8>,
+        pairs: &mut Pairs,
+        driver: &str,
+        device: &Device,
+    ) -> DeviceView {
+        let driver = self.name(driver);
+        let multi = device.allow_multiple_allocations.unwrap_or(false);
+        let start = pairs.len();
+        for (k, a) in device.attributes.iter().flatten() {
+            buf.clear();
+            attribute_bytes(buf, a);
+            pairs.push((self.name(k), self.value(buf)));
+        }
+        let attributes = pairs.len() - start;
+        for (k, c) in device.capacity.iter().flatten() {
+            // CEL sees the quantity; the request policy is not visible to it.
+            buf.clear();
+            buf.push(b'q');
+            buf.extend_from_slice(c.value.0.as_bytes());
+            pairs.push((self.name(k), self.value(buf)));
+        }
+        let capacity = pairs.len() - start - attributes;
+        pairs[start..start + attributes].sort_unstable();
+        pairs[start + attributes..].sort_unstable();
+        let mine = &pairs[start..];
+        let mut key = Vec::with_capacity(3 + 2 * mine.len());
+        key.extend([driver, u32::from(multi), attributes as u32]);
+        key.extend(mine.iter().flat_map(|&(k, v)| [k, v]));
+        let next = self.views.len() as u32;
+        let id = *self.views.entry(key.into()).or_insert(next);
+        // The API allows at most 32 attributes and capacities per device; more than a u16
+        // holds would have been refused by the API server long before.
+        DeviceView {
+            driver,
+            multi,
+            start: start as u32,
+            attributes: attributes.min(u16::MAX as usize) as u16,
+            capacity: capacity.min(u16::MAX as usize) as u16,
+            id,
+        }
+    }
+
+    /// Resolves what an expression reads to map-key numbers.
+    pub fn reads(&self, reads: &[crate::reads::Read]) -> Vec<ReadIds> {
+        reads
+            .iter()
+            .map(|r| ReadIds {
+                capacity: r.capacity,
+                domain: self.name_id(&r.domain),
+                plain: (!r.name.contains('/'))
+                    .then(|| self.name_id(&r.name))
+                    .flatten(),
+                qualified: self.name_id(&r.qualified),
+            })
+            .collect()
+    }
+}
+
+fn put(buf: &mut Vec<u8>, bytes: &[u8]) {
+    buf.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    buf.extend_from_slice(bytes);
+}
+
+fn put_list<T>(buf: &mut Vec<u8>, list: &Option<Vec<T>>, item: impl Fn(&mut Vec<u8>, &T)) {
+    match list {
+        None => buf.push(0),
+        Some(v) => {
+            buf.push(1);
+            buf.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            for x in v {
+                item(buf, x);
+            }
+        }
+    }
+}
+
+/// An attribute value as bytes, length-prefixed field by field, so that two attributes
+/// give equal bytes exactly when they are equal.
+fn attribute_bytes(buf: &mut Vec<u8>, a: &DeviceAttribute) {
+    let DeviceAttribute {
+        bool,
+        bools,
+        int,
+        ints,
+        string,
+        strings,
+        version,
+        versions,
+    } = a;
+    buf.push(b'a');
+    let opt_str = |buf: &mut Vec<u8>, s: &Option<String>| match s {
+        None => buf.push(0),
+        Some(s) => {
+            buf.push(1);
+            put(buf, s.as_bytes());
+        }
+    };
+    match bool {
+        None => buf.push(0),
+        Some(b) => buf.push(2 + u8::from(*b)),
+    }
+    match int {
+        None => buf.push(0),
+        Some(i) => {
+            buf.push(1);
+            buf.extend_from_slice(&i.to_le_bytes());
+        }
+    }
+    opt_str(buf, string);
+    opt_str(buf, version);
+    put_list(buf, bools, |buf, b| buf.push(u8::from(*b)));
+    put_list(buf, ints, |buf, i| buf.extend_from_slice(&i.to_le_bytes()));
+    put_list(buf, strings, |buf, s| put(buf, s.as_bytes()));
+    put_list(buf, versions, |buf, s| put(buf, s.as_bytes()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build::device;
+
+    fn view(
+        i: &mut Interner,
+        pairs: &mut Pairs,
+        driver: &str,
+        d: crate::build::DeviceBuilder,
+    ) -> DeviceView {
+        i.device(&mut Vec::new(), pairs, driver, &d.build())
+    }
+
+    #[test]
+    fn devices_cel_cannot_tell_apart_share_a_view() {
+        let mut i = Interner::default();
+        let p = &mut Pairs::new();
+        let a = view(
+            &mut i,
+            p,
+            "g",
+            device("a").string("model", "h100").int("n", 1),
+        );
+        let b = view(
+            &mut i,
+            p,
+            "g",
+            device("b").int("n", 1).string("model", "h100"),
+        );
+        let c = view(
+            &mut i,
+            p,
+            "g",
+            device("c").string("model", "h100").int("n", 2),
+        );
+        let d = view(
+            &mut i,
+            p,
+            "other",
+            device("d").string("model", "h100").int("n", 1),
+        );
+        let e = view(
+            &mut i,
+            p,
+            "g",
+            device("e").string("model", "h100").version("n", "1"),
+        );
+        assert_eq!(a.id, b.id, "names and map order are invisible to CEL");
+        assert_ne!(a.id, c.id);
+        assert_ne!(a.id, d.id, "the driver is visible");
+        assert_ne!(a.id, e.id, "an int and a version are different values");
+    }
+
+    #[test]
+    fn reads_find_values_as_cel_does() {
+        let mut i = Interner::default();
+        let p = &mut Pairs::new();
+        let plain = view(&mut i, p, "g", device("a").string("model", "h100"));
+        let qualified = view(&mut i, p, "g", device("b").string("g/model", "h100"));
+        let foreign = view(&mut i, p, "nic", device("c").string("model", "h100"));
+        let read = |domain: &str, name: &str| crate::reads::Read {
+            capacity: false,
+            domain: domain.into(),
+            name: name.into(),
+            qualified: format!("{domain}/{name}"),
+        };
+        let ids = i.reads(&[read("g", "model"), read("g", "absent")]);
+        assert_eq!(plain.value(p, &ids[0]), qualified.value(p, &ids[0]));
+        assert_ne!(plain.value(p, &ids[0]), ABSENT);
+        assert_eq!(plain.value(p, &ids[1]), ABSENT);
+        // `model` on a device of driver "nic" is nic's attribute, not g's.
+        assert_eq!(foreign.value(p, &ids[0]), ABSENT);
+    }
+}
