@@ -26,6 +26,8 @@ pub(crate) struct Interner {
     names: HashMap<Box<str>, u32>,
     values: HashMap<Box<[u8]>, u32>,
     views: FxMap<Box<[u32]>, u32>,
+    /// Scratch space for a view's key.
+    key: Vec<u32>,
 }
 
 /// What a CEL selector can see of a device, as numbers: driver, `allowMultipleAllocations`,
@@ -139,11 +141,19 @@ impl Interner {
         pairs[start..start + attributes].sort_unstable();
         pairs[start + attributes..].sort_unstable();
         let mine = &pairs[start..];
-        let mut key = Vec::with_capacity(3 + 2 * mine.len());
+        let mut key = std::mem::take(&mut self.key);
+        key.clear();
         key.extend([driver, u32::from(multi), attributes as u32]);
         key.extend(mine.iter().flat_map(|&(k, v)| [k, v]));
-        let next = self.views.len() as u32;
-        let id = *self.views.entry(key.into()).or_insert(next);
+        let id = match self.views.get(key.as_slice()) {
+            Some(&id) => id,
+            None => {
+                let id = self.views.len() as u32;
+                self.views.insert(key.as_slice().into(), id);
+                id
+            }
+        };
+        self.key = key;
         // The API allows at most 32 attributes and capacities per device; more than a u16
         // holds would have been refused by the API server long before.
         DeviceView {

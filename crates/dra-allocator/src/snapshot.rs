@@ -4,7 +4,7 @@
 //! depend on the node or the claims is computed here, once.
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::Hash;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -238,7 +238,9 @@ pub struct Snapshot {
     usage: HashMap<DeviceId, Usage>,
     /// Per device entry, its usage (several entries can share one DeviceId).
     entry_usage: Vec<Option<Usage>>,
-    id_entries: HashMap<DeviceId, Vec<u32>>,
+    /// (hash of driver, pool and device name, entry), sorted: the entries of a device id
+    /// without a map entry (and three strings) per device.
+    id_entries: Vec<(u64, u32)>,
     /// Complete pools, built once: (driver, pool) → (generation, #slices, pool).
     pool_cache: Vec<Option<(i64, usize, Arc<PoolStatic>)>>,
 }
@@ -250,6 +252,14 @@ struct SliceInfo {
     generation: i64,
     /// Skipped while DRAPartitionableDevices is off (per-device placement or counters).
     partitionable_only: bool,
+}
+
+/// A device id's hash (for [`Snapshot`]'s sorted entry index; equal strings are compared
+/// on lookup, so collisions cost a comparison, never a wrong answer).
+fn id_hash(driver: &str, pool: &str, device: &str) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    (driver, pool, device).hash(&mut h);
+    h.finish()
 }
 
 /// Everything but the name that makes two devices of one pool interchangeable, as numbers:
@@ -563,14 +573,19 @@ impl Snapshot {
             compat_slices,
             usage: HashMap::new(),
             entry_usage: Vec::new(),
-            id_entries: HashMap::new(),
+            id_entries: Vec::new(),
             pool_cache: Vec::new(),
         };
         snapshot.entry_usage = vec![None; snapshot.devices.len()];
-        for entry in 0..snapshot.devices.len() as u32 {
-            let id = snapshot.device_id(entry);
-            snapshot.id_entries.entry(id).or_default().push(entry);
-        }
+        let mut id_entries: Vec<(u64, u32)> = (0..snapshot.devices.len() as u32)
+            .map(|entry| {
+                let (slice, device) = snapshot.device(entry);
+                let spec = &slice.spec;
+                (id_hash(&spec.driver, &spec.pool.name, &device.name), entry)
+            })
+            .collect();
+        id_entries.sort_unstable();
+        snapshot.id_entries = id_entries;
         let mut cache = Vec::new();
         for (pi, all) in snapshot.pool_slices.iter().enumerate() {
             let (driver, pool) = &snapshot.pool_keys[pi];
@@ -661,8 +676,20 @@ impl Snapshot {
             if now.is_none() {
                 self.usage.remove(&id);
             }
-            for &e in self.id_entries.get(&id).into_iter().flatten() {
-                self.entry_usage[e as usize] = now.clone();
+            let h = id_hash(&id.driver, &id.pool, &id.device);
+            let from = self.id_entries.partition_point(|&(x, _)| x < h);
+            for i in from..self.id_entries.len() {
+                let (x, e) = self.id_entries[i];
+                if x != h {
+                    break;
+                }
+                let (slice, device) = self.device(e);
+                if slice.spec.driver == id.driver
+                    && slice.spec.pool.name == id.pool
+                    && device.name == id.device
+                {
+                    self.entry_usage[e as usize] = now.clone();
+                }
             }
         }
     }
