@@ -13,7 +13,8 @@
 // Output: one JSON object per input line:
 //
 //	{"allocated": bool, "error": "...", "timedOut": bool, "results": [AllocationResult],
-//	 "micros": time per pod (NewAllocator + Allocate on every node), "fits": nodes that fit}
+//	 "micros": mean time per pod over the repeats (NewAllocator + Allocate on every node),
+//	 "bestMicros": the fastest repeat, "fits": nodes that fit}
 package main
 
 import (
@@ -22,6 +23,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"time"
 
@@ -50,6 +52,7 @@ type answer struct {
 	TimedOut  bool                           `json:"timedOut,omitempty"`
 	Results   []resourceapi.AllocationResult `json:"results,omitempty"`
 	Micros    float64                        `json:"micros"`
+	Best      float64                        `json:"bestMicros"`
 	Fits      int                            `json:"fits"`
 }
 
@@ -154,7 +157,9 @@ func run(s *snapshot, celCache *cel.Cache) answer {
 	repeat := max(s.Repeat, 1)
 	var ans answer
 	start := time.Now()
+	best := time.Duration(math.MaxInt64)
 	for r := 0; r < repeat; r++ {
+		began := time.Now()
 		ans = answer{}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		allocator, err := structured.NewAllocator(ctx, features, allocatedState(s.Allocations), classes, slices, celCache)
@@ -183,8 +188,13 @@ func run(s *snapshot, celCache *cel.Cache) answer {
 			}
 		}
 		cancel()
+		best = min(best, time.Since(began))
 	}
 	ans.Micros = float64(time.Since(start).Microseconds()) / float64(repeat)
+	if best == time.Duration(math.MaxInt64) { // no repeat finished: NewAllocator failed
+		best = time.Since(start)
+	}
+	ans.Best = float64(best.Microseconds())
 	return ans
 }
 
