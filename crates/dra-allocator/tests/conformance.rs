@@ -8,11 +8,10 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Case, MEDIUM, SMALL, check, generate};
+use common::{Case, MEDIUM, SMALL, allocref, check, generate};
 use dra_allocator::{AllocError, Allocator, Limits, Outcome};
 use k8s_openapi::api::resource::v1::AllocationResult;
 use serde::Deserialize;
@@ -30,30 +29,6 @@ pub struct RefAnswer {
     #[serde(default)]
     results: Vec<AllocationResult>,
     micros: f64,
-}
-
-fn cluster_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/cluster")
-}
-
-/// The reference binary, built with `go build` if it is not there yet.
-pub fn allocref() -> PathBuf {
-    let bin = cluster_dir().join("bin/allocref");
-    if bin.exists() {
-        return bin;
-    }
-    let go = Command::new("go").arg("version").output();
-    assert!(
-        go.as_ref().is_ok_and(|o| o.status.success()),
-        "the conformance test needs Go to build tests/cluster/cmd/allocref (go version failed: {go:?})"
-    );
-    let status = Command::new("go")
-        .args(["build", "-o", "bin/allocref", "./cmd/allocref"])
-        .current_dir(cluster_dir())
-        .status()
-        .expect("run go build");
-    assert!(status.success(), "go build ./cmd/allocref failed");
-    bin
 }
 
 /// Runs every case through the reference in one process; one answer per case.

@@ -33,12 +33,7 @@ fn our_time(case: &common::Case, runs: u32, warm: bool) -> (Duration, usize) {
 #[test]
 #[ignore]
 fn reference_times() {
-    let bin = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/cluster/bin/allocref");
-    assert!(
-        bin.exists(),
-        "build it first: cd tests/cluster && go build -o bin/allocref ./cmd/allocref"
-    );
+    let bin = common::allocref();
     for (name, make) in common::cases::all() {
         let mut case = make();
         let (ours, fits) = our_time(&case, 5, true);

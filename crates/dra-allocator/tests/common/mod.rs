@@ -18,6 +18,25 @@ pub const GPU: &str = "gpu.example.com";
 pub const NIC: &str = "nic.example.com";
 pub const NUMA: &str = "resource.kubernetes.io/numaNode";
 
+/// The reference allocator (`tests/cluster/cmd/allocref`), built with `go build` each time:
+/// a binary left from an older checkout would answer in an older format, and Go's build
+/// cache makes an up-to-date build quick.
+pub fn allocref() -> std::path::PathBuf {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/cluster");
+    let go = std::process::Command::new("go").arg("version").output();
+    assert!(
+        go.as_ref().is_ok_and(|o| o.status.success()),
+        "the reference needs Go to build tests/cluster/cmd/allocref (go version failed: {go:?})"
+    );
+    let status = std::process::Command::new("go")
+        .args(["build", "-o", "bin/allocref", "./cmd/allocref"])
+        .current_dir(&dir)
+        .status()
+        .expect("run go build");
+    assert!(status.success(), "go build ./cmd/allocref failed");
+    dir.join("bin/allocref")
+}
+
 /// xorshift64*: small, seeded, reproducible.
 pub struct Rng(u64);
 
