@@ -36,9 +36,12 @@ fn reference_times() {
     let bin = common::allocref();
     for (name, make) in common::cases::all() {
         let mut case = make();
-        let (ours, fits) = our_time(&case, 5, true);
-        let (cold, _) = our_time(&case, 3, false);
-        case.repeat = Some(if case.nodes.len() > 1000 { 1 } else { 3 });
+        // Enough pods that one quiet moment of this shared machine is among them.
+        let (ours, fits) = our_time(&case, 20, true);
+        let (cold, _) = our_time(&case, 5, false);
+        // c and d run into the reference's timeout: one repeat tells as much as three.
+        let times_out = name.starts_with("c_") || name.starts_with("d_");
+        case.repeat = Some(if times_out { 1 } else { 3 });
         // The scheduler gives a node 10 s (DRASchedulerFilterTimeout).
         case.timeout_ms = 10_000;
         let mut child = Command::new(&bin)
