@@ -37,6 +37,7 @@ pub(crate) struct Interner {
 #[derive(Debug)]
 pub(crate) struct DeviceView {
     pub driver: u32,
+    /// `allowMultipleAllocations` is true.
     pub multi: bool,
     /// Where this device's attribute pairs start in [`Pairs`], followed by its capacities.
     start: u32,

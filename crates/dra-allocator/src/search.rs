@@ -272,7 +272,7 @@ impl<'a> NodeRun<'a> {
             for &entry in &pool.entries {
                 let e = &snap.devices[entry as usize];
                 let usage = snap.entry_usage(entry);
-                let multi = features.consumable_capacity && e.multi;
+                let multi = features.consumable_capacity && e.view.multi;
                 // Only shared devices track capacity across allocations.
                 let used_capacity = if !multi {
                     Vec::new()

@@ -105,8 +105,6 @@ pub(crate) struct DeviceEntry {
     pub sym: u32,
     /// `resource.kubernetes.io/numaNode` (interned), for the fragmentation score.
     pub numa: Option<u32>,
-    /// `allowMultipleAllocations` is true.
-    pub multi: bool,
     /// The device has binding conditions.
     pub binding_conditions: bool,
     /// The slice selects nodes per device (`perDeviceNodeSelection`).
@@ -476,7 +474,6 @@ impl Snapshot {
                     index: di as u32,
                     unrequested,
                     numa,
-                    multi: device.allow_multiple_allocations == Some(true),
                     binding_conditions: device.binding_conditions.is_some(),
                     per_device: spec.per_device_node_selection == Some(true),
                     sym,
