@@ -76,7 +76,7 @@
 //! };
 //! let snapshot = Snapshot::new(SnapshotInput {
 //!     classes: vec![class],
-//!     slices: vec![slice],
+//!     slices: vec![std::sync::Arc::new(slice)],
 //!     ..Default::default()
 //! });
 //! let allocator = Allocator::new(&snapshot, &[&claim]).unwrap();

@@ -67,7 +67,9 @@ impl std::fmt::Display for DeviceId {
 #[derive(Clone, Debug, Default)]
 pub struct SnapshotInput {
     pub classes: Vec<DeviceClass>,
-    pub slices: Vec<ResourceSlice>,
+    /// Shared with the caller, not copied: a scheduler keeps its informer's slices and
+    /// rebuilds snapshots from them without cloning every device.
+    pub slices: Vec<Arc<ResourceSlice>>,
     pub taint_rules: Vec<DeviceTaintRule>,
     /// `status.allocation` of every allocated claim, plus in-flight (assumed) allocations.
     pub allocations: Vec<AllocationResult>,
@@ -217,7 +219,7 @@ pub struct Snapshot {
     pub(crate) features: Features,
     pub(crate) cache: Arc<SelectorCache>,
     classes: HashMap<String, DeviceClass>,
-    pub(crate) slices: Vec<ResourceSlice>,
+    pub(crate) slices: Vec<Arc<ResourceSlice>>,
     pub(crate) devices: Vec<DeviceEntry>,
     /// The attribute and capacity numbers of every [`DeviceEntry::view`].
     view_pairs: crate::intern::Pairs,
@@ -1212,13 +1214,13 @@ mod tests {
 
     fn snapshot(devices: Vec<DeviceBuilder>, cache: Option<Arc<SelectorCache>>) -> Snapshot {
         Snapshot::new(SnapshotInput {
-            slices: vec![
+            slices: vec![Arc::new(
                 slice("s", "g")
                     .pool("p", 1, 1)
                     .node("n")
                     .devices(devices)
                     .build(),
-            ],
+            )],
             selector_cache: cache,
             ..Default::default()
         })

@@ -1,5 +1,6 @@
 //! One scenario per allocation rule, written with the crate's builders.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dra_allocator::build::*;
@@ -53,7 +54,7 @@ impl World {
     fn snapshot(self) -> Snapshot {
         Snapshot::new(SnapshotInput {
             classes: self.classes.into_iter().map(ClassBuilder::build).collect(),
-            slices: self.slices,
+            slices: self.slices.into_iter().map(Arc::new).collect(),
             taint_rules: self.rules,
             allocations: self.allocated,
             features: Default::default(),
@@ -1102,7 +1103,7 @@ fn list_attributes_match_by_intersection_when_the_feature_is_on() {
     );
     let snap = Snapshot::new(SnapshotInput {
         classes: world.classes.into_iter().map(ClassBuilder::build).collect(),
-        slices: world.slices,
+        slices: world.slices.into_iter().map(Arc::new).collect(),
         features: dra_allocator::Features {
             list_type_attributes: true,
             ..Default::default()
@@ -1233,7 +1234,7 @@ fn selector_results_survive_a_snapshot_rebuild() {
     let w = two_drivers();
     let second = Snapshot::new(SnapshotInput {
         classes: w.classes.into_iter().map(ClassBuilder::build).collect(),
-        slices: w.slices,
+        slices: w.slices.into_iter().map(Arc::new).collect(),
         selector_cache: Some(first.selector_cache()),
         ..Default::default()
     });

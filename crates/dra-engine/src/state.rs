@@ -3,6 +3,7 @@
 //! scheduling cycle reads it and records what it assumes.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
@@ -135,7 +136,8 @@ pub struct ClusterState {
     pub pods: HashMap<ObjectKey, Pod>,
     pub claims: HashMap<ObjectKey, ResourceClaim>,
     pub classes: Vec<DeviceClass>,
-    pub slices: Vec<ResourceSlice>,
+    /// Shared with every snapshot built from this state (not copied per rebuild).
+    pub slices: Vec<Arc<ResourceSlice>>,
     pub taint_rules: Vec<DeviceTaintRule>,
 }
 
@@ -153,7 +155,7 @@ impl ClusterState {
                 })
                 .collect(),
             classes: input.classes,
-            slices: input.slices,
+            slices: input.slices.into_iter().map(Arc::new).collect(),
             taint_rules: input.taint_rules,
             ..Default::default()
         };
@@ -270,7 +272,7 @@ impl ClusterState {
     }
 
     pub fn upsert_slice(&mut self, slice: ResourceSlice) {
-        upsert_named(&mut self.slices, slice, |s| &s.metadata);
+        upsert_named(&mut self.slices, Arc::new(slice), |s| &s.metadata);
     }
 
     pub fn remove_slice(&mut self, name: &str) {

@@ -84,7 +84,12 @@ impl Case {
     pub fn snapshot(&self) -> Snapshot {
         Snapshot::new(SnapshotInput {
             classes: self.classes.clone(),
-            slices: self.slices.clone(),
+            slices: self
+                .slices
+                .iter()
+                .cloned()
+                .map(std::sync::Arc::new)
+                .collect(),
             taint_rules: self.taint_rules.clone(),
             allocations: self.allocations.clone(),
             features: Features::default(),
