@@ -2,7 +2,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use dra_allocator::{
     AllocError, Allocation, Allocator, Features, Limits, Outcome, SelectorCache, Snapshot,
@@ -34,6 +35,10 @@ pub struct EngineConfig {
     /// cpu and memory); weights rank by a weighted sum of the criteria, each normalised to
     /// 0..100 across the feasible nodes, as kube-scheduler combines its score plugins.
     pub weights: Option<ScoreWeights>,
+    /// The most one pod's device search may take, over all nodes (`filterTimeout`; like
+    /// kube-scheduler's DRASchedulerFilterTimeout, 10 s by default). A pod that reaches it
+    /// is unschedulable for this attempt, with a message that says so.
+    pub filter_timeout: Duration,
 }
 
 /// Weights of the scoring criteria (see [`EngineConfig::weights`]); 0 ignores one.
@@ -49,6 +54,9 @@ pub struct ScoreWeights {
     pub least_allocated: u32,
 }
 
+/// kube-scheduler's default for DRASchedulerFilterTimeout.
+pub const DEFAULT_FILTER_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
@@ -56,6 +64,7 @@ impl Default for EngineConfig {
             percentage_of_nodes_to_score: 0,
             features: Features::default(),
             weights: None,
+            filter_timeout: DEFAULT_FILTER_TIMEOUT,
         }
     }
 }
@@ -173,6 +182,10 @@ enum NodeResult {
     },
     Unfit(String),
     Error(String),
+    /// The search ran out of the pod's budget, or was cancelled.
+    Stopped {
+        cancelled: bool,
+    },
 }
 
 /// The devices of a feasible node. `AllocationResult`s (strings, configs, node selectors)
@@ -390,7 +403,18 @@ impl Engine {
     /// Run the scheduling cycle for one pod. Does not change the state: call
     /// [`Engine::assume`] with a `Scheduled` decision to take it.
     pub fn schedule(&mut self, pod_key: &ObjectKey) -> Decision {
+        self.schedule_with(pod_key, None)
+    }
+
+    /// [`Engine::schedule`] that stops early when `cancel` is set (the daemon sets it when
+    /// it stops leading or shuts down). Either way the device search of one pod is bounded
+    /// by [`EngineConfig::filter_timeout`].
+    pub fn schedule_with(&mut self, pod_key: &ObjectKey, cancel: Option<&AtomicBool>) -> Decision {
         self.search_steps.store(0, Ordering::Relaxed);
+        let limits = Limits {
+            deadline: Some(Instant::now() + self.config.filter_timeout),
+            cancel,
+        };
         let Some(pod) = self.state.pods.get(pod_key).cloned() else {
             return Decision::Error {
                 pod: pod_key.clone(),
@@ -429,7 +453,7 @@ impl Engine {
                 .unwrap_or(0);
             let reserved_for_us = status
                 .and_then(|s| s.reserved_for.as_ref())
-                .is_some_and(|r| r.iter().any(|c| c.resource == "pods" && c.name == pod_name));
+                .is_some_and(|r| r.iter().any(|c| is_pod(c, &pod_name, pod_uid.as_deref())));
             if reserved >= 256 && !reserved_for_us {
                 return unschedulable(format!(
                     "ResourceClaim {key} is reserved for the maximum of 256 consumers"
@@ -543,7 +567,7 @@ impl Engine {
             };
             let (allocations, score) = match allocator {
                 None => (Found::Nothing, score(info, &requests, None)),
-                Some(allocator) => match allocator.allocate_with(node, Limits::default()) {
+                Some(allocator) => match allocator.allocate_with(node, limits) {
                     Ok((outcome, stats)) => {
                         steps.fetch_add(stats.steps, Ordering::Relaxed);
                         match outcome {
@@ -562,6 +586,12 @@ impl Engine {
                             }
                         }
                     }
+                    Err(AllocError::Aborted { steps: n, .. }) => {
+                        steps.fetch_add(n, Ordering::Relaxed);
+                        return NodeResult::Stopped {
+                            cancelled: cancel.is_some_and(|c| c.load(Ordering::Relaxed)),
+                        };
+                    }
                     Err(e) => return NodeResult::Error(attempt_error(&e)),
                 },
             };
@@ -579,6 +609,32 @@ impl Engine {
         let chunk = 64.max(wanted.min(total));
         for names in node_names.chunks(chunk) {
             let part: Vec<NodeResult> = names.par_iter().map(&evaluate).collect();
+            if let Some(&NodeResult::Stopped { cancelled }) = part
+                .iter()
+                .find(|r| matches!(r, NodeResult::Stopped { .. }))
+            {
+                let claims: Vec<String> = to_allocate
+                    .iter()
+                    .map(|(k, _)| k.to_string())
+                    .chain(ext_claim_all.iter().map(|_| "(extended resources)".into()))
+                    .collect();
+                let checked = results.len()
+                    + part
+                        .iter()
+                        .filter(|r| !matches!(r, NodeResult::Stopped { .. }))
+                        .count();
+                if cancelled {
+                    return Decision::Error {
+                        pod: pod_key.clone(),
+                        message: "scheduling attempt cancelled".into(),
+                    };
+                }
+                return unschedulable(format!(
+                    "timed out trying to allocate devices: the search for ResourceClaim {} ran past the filterTimeout of {:?} ({checked} of {total} nodes checked)",
+                    claims.join(", "),
+                    self.config.filter_timeout
+                ));
+            }
             if let Some(NodeResult::Error(message)) =
                 part.iter().find(|r| matches!(r, NodeResult::Error(_)))
             {
@@ -725,14 +781,14 @@ impl Engine {
                 }
             }
             let reserved = status.reserved_for.get_or_insert_with(Vec::new);
-            if !reserved
-                .iter()
-                .any(|r| r.name == pod_ref.name && r.resource == "pods")
-            {
+            let uid = placement.pod_uid.as_deref();
+            if !reserved.iter().any(|r| is_pod(r, &pod_ref.name, uid)) {
                 reserved.push(pod_ref.clone());
             }
         }
-        if let Some(mut pod) = self.state.pods.get(&placement.pod).cloned() {
+        if let Some(mut pod) = self.state.pods.get(&placement.pod).cloned()
+            && (placement.pod_uid.is_none() || pod.metadata.uid == placement.pod_uid)
+        {
             pod.spec.get_or_insert_with(Default::default).node_name = Some(placement.node.clone());
             self.state.upsert_pod(pod);
         }
@@ -756,7 +812,8 @@ impl Engine {
                 .status
                 .get_or_insert_with(ResourceClaimStatus::default);
             if let Some(reserved) = status.reserved_for.as_mut() {
-                reserved.retain(|r| !(r.resource == "pods" && r.name == placement.pod.name));
+                let uid = placement.pod_uid.as_deref();
+                reserved.retain(|r| !is_pod(r, &placement.pod.name, uid));
             }
             // Give back only what is still ours: the claim may hold someone else's
             // allocation by now, which stays.
@@ -771,7 +828,16 @@ impl Engine {
                 self.release(&allocation);
             }
         }
-        if let Some(mut pod) = self.state.pods.get(&placement.pod).cloned() {
+        self.forget_pod(placement);
+    }
+
+    /// Undo only the pod's part of [`Engine::assume`]: it is pending again, while its
+    /// claims keep what was assumed (their writes may have landed; the API server's copy
+    /// replaces them when the informers bring it).
+    pub fn forget_pod(&mut self, placement: &Placement) {
+        if let Some(mut pod) = self.state.pods.get(&placement.pod).cloned()
+            && (placement.pod_uid.is_none() || pod.metadata.uid == placement.pod_uid)
+        {
             if let Some(spec) = pod.spec.as_mut() {
                 spec.node_name = None;
             }
@@ -900,6 +966,17 @@ fn group_reasons(total: usize, results: &[NodeResult]) -> String {
         .collect::<Vec<_>>()
         .join("; ");
     format!("0/{total} nodes are available: {body}")
+}
+
+/// Whether a `reservedFor` entry is this pod: by UID where the pod has one (a pod deleted
+/// and created again under the same name is another consumer), else by name.
+fn is_pod(entry: &ResourceClaimConsumerReference, name: &str, uid: Option<&str>) -> bool {
+    entry.resource == "pods"
+        && entry.api_group.as_deref().unwrap_or_default().is_empty()
+        && match uid {
+            Some(uid) if !uid.is_empty() => entry.uid == uid,
+            _ => entry.name == name,
+        }
 }
 
 /// Whether two allocations hold the same devices where (the timestamp aside).

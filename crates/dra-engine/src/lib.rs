@@ -32,5 +32,7 @@ pub mod filters;
 pub mod resources;
 pub mod state;
 
-pub use engine::{ClaimDecision, Decision, Engine, EngineConfig, Placement, ScoreWeights};
+pub use engine::{
+    ClaimDecision, DEFAULT_FILTER_TIMEOUT, Decision, Engine, EngineConfig, Placement, ScoreWeights,
+};
 pub use state::{ClusterInput, ClusterState, NodeInfo, ObjectKey};
