@@ -22,7 +22,7 @@ enum Command {
     Simulate(SimulateArgs),
     /// Run the scheduler against a cluster: pods with `schedulerName: dra-scheduler` get
     /// devices allocated and are bound.
-    Run(run::config::RunArgs),
+    Run(Box<run::config::RunArgs>),
     /// Write a synthetic GPU fleet and workload as manifests, for trying `simulate` at scale.
     GenerateFleet(fleet::FleetSpec),
 }
@@ -56,7 +56,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Simulate(args) => run_simulate(args),
-        Command::Run(args) => run_daemon(args),
+        Command::Run(args) => run_daemon(*args),
         Command::GenerateFleet(spec) => {
             print!("{}", fleet::generate_yaml(&spec));
             ExitCode::SUCCESS

@@ -9,23 +9,34 @@
 //! `status.extendedResourceClaimStatus` names it and maps containers to its requests. Then
 //! the pod is bound with `pods/binding`.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, ResourceClaim, ResourceClaimConsumerReference,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use serde_json::json;
 
 use dra_engine::{ClaimDecision, ObjectKey, Placement};
 
-use super::metrics::Metrics;
+use super::metrics::{Metrics, is_not_leader};
 
 pub const FINALIZER: &str = "resource.kubernetes.io/delete-protection";
 const CONFLICT_RETRIES: usize = 5;
+/// Reads and unwinds after a failed binding are retried this often at first, doubling up
+/// to [`SETTLE_MAX_DELAY`], for as long as this replica may write.
+const SETTLE_FIRST_DELAY: Duration = Duration::from_millis(200);
+const SETTLE_MAX_DELAY: Duration = Duration::from_secs(5);
 
 fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
 fn describe(e: &kube::Error) -> String {
@@ -62,14 +73,61 @@ fn consumer(placement: &Placement) -> ResourceClaimConsumerReference {
     }
 }
 
-/// Write one claim's part of the decision. Returns whether this call allocated it, and the
-/// claim as the API server stored it.
+/// Whether a `reservedFor` entry is this pod: by UID, the identity that survives a pod
+/// deleted and created again under the same name (by name only where no UID is known).
+fn is_pod(entry: &ResourceClaimConsumerReference, me: &ResourceClaimConsumerReference) -> bool {
+    entry.resource == "pods"
+        && entry.api_group.as_deref().unwrap_or_default().is_empty()
+        && if me.uid.is_empty() {
+            entry.name == me.name
+        } else {
+            entry.uid == me.uid
+        }
+}
+
+fn resource_version(claim: &ResourceClaim) -> Option<&str> {
+    claim.metadata.resource_version.as_deref()
+}
+
+/// Write part of a claim with a JSON merge patch guarded by the resourceVersion it was read
+/// at (a conflict if it changed since): only the fields named are sent, so fields of the
+/// claim that this build does not know are kept as they are.
+async fn patch_claim(
+    api: &Api<ResourceClaim>,
+    metrics: &Metrics,
+    claim: &ResourceClaim,
+    status: bool,
+    mut patch: serde_json::Value,
+) -> Result<ResourceClaim, kube::Error> {
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    patch["metadata"]["resourceVersion"] = json!(resource_version(claim));
+    let params = PatchParams::default();
+    if status {
+        metrics
+            .write(
+                "patch",
+                "resourceclaims/status",
+                api.patch_status(name, &params, &Patch::Merge(patch)),
+            )
+            .await
+    } else {
+        metrics
+            .write(
+                "patch",
+                "resourceclaims",
+                api.patch(name, &params, &Patch::Merge(patch)),
+            )
+            .await
+    }
+}
+
+/// Write one claim's part of the decision. Returns the claim as the API server stored it.
 async fn write_claim(
     client: &Client,
     metrics: &Metrics,
     placement: &Placement,
     decision: &ClaimDecision,
-) -> Result<(bool, ResourceClaim), String> {
+) -> Result<ResourceClaim, String> {
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &decision.key.namespace);
     let name = &decision.key.name;
     // The claim as the informer had it when the decision was made saves a read: when this
@@ -114,6 +172,16 @@ async fn write_claim(
         if claim.metadata.deletion_timestamp.is_some() {
             return Err(format!("ResourceClaim {} is being deleted", decision.key));
         }
+        if decision.create
+            && !claim.metadata.owner_references.iter().flatten().any(|o| {
+                o.kind == "Pod" && placement.pod_uid.as_deref().is_none_or(|uid| o.uid == uid)
+            })
+        {
+            return Err(format!(
+                "ResourceClaim {} belongs to another pod of the same name",
+                decision.key
+            ));
+        }
         let current = claim.status.as_ref().and_then(|s| s.allocation.clone());
         if let Some(allocation) = &decision.allocation {
             match &current {
@@ -125,17 +193,12 @@ async fn write_claim(
                 }
                 _ => {}
             }
-            let finalizers = claim.metadata.finalizers.get_or_insert_with(Vec::new);
+            let finalizers = claim.metadata.finalizers.clone().unwrap_or_default();
             if !finalizers.iter().any(|f| f == FINALIZER) {
-                finalizers.push(FINALIZER.into());
-                claim = match metrics
-                    .write(
-                        "update",
-                        "resourceclaims",
-                        api.replace(name, &PostParams::default(), &claim),
-                    )
-                    .await
-                {
+                let mut all = finalizers;
+                all.push(FINALIZER.into());
+                let patch = json!({"metadata": {"finalizers": all}});
+                claim = match patch_claim(&api, metrics, &claim, false, patch).await {
                     Ok(c) => c,
                     Err(e) if is_conflict(&e) => continue,
                     Err(e) => {
@@ -153,32 +216,25 @@ async fn write_claim(
                 decision.key
             ));
         }
-        let status = claim.status.get_or_insert_with(Default::default);
+        let status = claim.status.clone().unwrap_or_default();
+        let mut reserved = status.reserved_for.unwrap_or_default();
+        let mut patch = json!({"status": {}});
+        if !reserved.iter().any(|r| is_pod(r, &me)) {
+            reserved.push(me.clone());
+            patch["status"]["reservedFor"] = json!(reserved);
+        }
         if let Some(allocation) = &decision.allocation
-            && status.allocation.is_none()
+            && current.is_none()
         {
             let mut allocation = allocation.clone();
             stamp_allocation(&mut allocation, k8s_openapi::jiff::Timestamp::now());
-            status.allocation = Some(allocation);
+            patch["status"]["allocation"] = json!(allocation);
         }
-        let reserved = status.reserved_for.get_or_insert_with(Vec::new);
-        if !reserved
-            .iter()
-            .any(|r| r.resource == "pods" && r.name == me.name)
-        {
-            reserved.push(me.clone());
+        if patch["status"].as_object().is_some_and(|o| o.is_empty()) {
+            return Ok(claim);
         }
-        match metrics
-            .write(
-                "update",
-                "resourceclaims/status",
-                api.replace_status(name, &PostParams::default(), &claim),
-            )
-            .await
-        {
-            Ok(stored) => {
-                return Ok((decision.allocation.is_some() && current.is_none(), stored));
-            }
+        match patch_claim(&api, metrics, &claim, true, patch).await {
+            Ok(stored) => return Ok(stored),
             Err(e) if is_conflict(&e) => continue,
             Err(e) => {
                 return Err(format!(
@@ -195,75 +251,165 @@ async fn write_claim(
     ))
 }
 
-/// Take the pod out of a claim's `reservedFor`, and give the devices back if this binding
-/// allocated them and nobody else uses the claim.
-async fn unwind_claim(
-    client: &Client,
-    metrics: &Metrics,
-    placement: &Placement,
-    decision: &ClaimDecision,
-    allocated: bool,
-) {
-    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &decision.key.namespace);
-    for _ in 0..CONFLICT_RETRIES {
-        let Ok(mut claim) = api.get(&decision.key.name).await else {
-            return;
-        };
-        let status = claim.status.get_or_insert_with(Default::default);
-        if let Some(reserved) = status.reserved_for.as_mut() {
-            reserved.retain(|r| !(r.resource == "pods" && r.name == placement.pod.name));
-        }
-        if allocated && status.reserved_for.as_ref().is_none_or(Vec::is_empty) {
-            status.allocation = None;
-            status.reserved_for = None;
-        }
-        match metrics
-            .write(
-                "update",
-                "resourceclaims/status",
-                api.replace_status(&decision.key.name, &PostParams::default(), &claim),
-            )
-            .await
-        {
-            Ok(_) => return,
-            Err(e) if is_conflict(&e) => continue,
+/// Retry `op` with a growing delay until it answers for sure: `Ok`, or an error that a
+/// retry would not change (not a timeout, 429 or 5xx); gives up only when this replica may
+/// no longer write (then nothing may be changed, and the next leader reads the truth).
+async fn settled<T, F, Fut>(metrics: &Metrics, mut op: F) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let mut delay = SETTLE_FIRST_DELAY;
+    loop {
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(e) if is_not_leader(&e) || !transient(&e) => return Err(e),
             Err(e) => {
-                tracing::warn!(claim = %decision.key, error = %describe(&e), "could not unwind claim");
-                return;
+                if !metrics.may_write() {
+                    return Err(e);
+                }
+                tracing::debug!(error = %describe(&e), ?delay, "retrying after a failed API call");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(SETTLE_MAX_DELAY);
             }
         }
     }
 }
 
-/// Make `placement` real. Returns the claims as the API server stored them. On failure
-/// everything this call wrote is undone and the error names the object and the cause.
+/// An error that says nothing about whether the request took effect, or that a retry may
+/// get past.
+fn transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+        _ => true,
+    }
+}
+
+/// Take the pod out of a claim's `reservedFor`, and give its devices back if they are the
+/// ones this decision allocated and nobody else uses the claim. Retried (conflicts with a
+/// fresh read, failures with backoff) until it landed; an error means it did not.
+async fn unwind_claim(
+    client: &Client,
+    metrics: &Metrics,
+    placement: &Placement,
+    decision: &ClaimDecision,
+) -> Result<(), String> {
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &decision.key.namespace);
+    let me = consumer(placement);
+    let failed =
+        |e: kube::Error| format!("unwind ResourceClaim {}: {}", decision.key, describe(&e));
+    loop {
+        let claim = match settled(metrics, || api.get_opt(&decision.key.name)).await {
+            Ok(Some(claim)) => claim,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(failed(e)),
+        };
+        let status = claim.status.clone().unwrap_or_default();
+        let reserved = status.reserved_for.unwrap_or_default();
+        let others: Vec<_> = reserved
+            .iter()
+            .filter(|r| !is_pod(r, &me))
+            .cloned()
+            .collect();
+        let ours = match (&decision.allocation, &status.allocation) {
+            (Some(mine), Some(current)) => same_devices(mine, current),
+            _ => false,
+        };
+        let mut patch = json!({"status": {}});
+        if others.len() != reserved.len() {
+            patch["status"]["reservedFor"] = if others.is_empty() {
+                serde_json::Value::Null
+            } else {
+                json!(others)
+            };
+        }
+        if ours && others.is_empty() {
+            patch["status"]["allocation"] = serde_json::Value::Null;
+            patch["status"]["devices"] = serde_json::Value::Null;
+        }
+        if patch["status"].as_object().is_some_and(|o| o.is_empty()) {
+            return Ok(());
+        }
+        match settled(metrics, || {
+            patch_claim(&api, metrics, &claim, true, patch.clone())
+        })
+        .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if is_conflict(&e) => continue,
+            Err(e) if is_not_found(&e) => return Ok(()),
+            Err(e) => return Err(failed(e)),
+        }
+    }
+}
+
+/// Where the pod is after a binding that failed or whose answer was lost.
+enum PodNow {
+    /// Bound to the placement's node: the binding landed.
+    BoundHere,
+    /// Not bound, bound elsewhere, or replaced by another pod of the same name.
+    NotHere,
+}
+
+async fn pod_now(
+    pods: &Api<Pod>,
+    metrics: &Metrics,
+    placement: &Placement,
+) -> Result<PodNow, String> {
+    let pod = settled(metrics, || pods.get_opt(&placement.pod.name))
+        .await
+        .map_err(|e| format!("read pod {}: {}", placement.pod, describe(&e)))?;
+    let here = pod.is_some_and(|pod| {
+        (placement.pod_uid.is_none() || pod.metadata.uid == placement.pod_uid)
+            && pod.spec.and_then(|s| s.node_name).as_deref() == Some(placement.node.as_str())
+    });
+    Ok(if here {
+        PodNow::BoundHere
+    } else {
+        PodNow::NotHere
+    })
+}
+
+/// A binding that did not happen.
+#[derive(Debug)]
+pub struct BindFailure {
+    /// What failed, naming the object and the cause.
+    pub message: String,
+    /// Every claim write was undone (or none was made): the assumed devices may be
+    /// forgotten. `false` when the undoing could not be confirmed (this replica stopped
+    /// leading first): the devices stay taken in the cache until the API server says
+    /// otherwise.
+    pub unwound: bool,
+}
+
+/// Make `placement` real. Returns the claims as the API server stored them. On failure the
+/// pod is read first: a binding that landed although its answer was lost is a success;
+/// otherwise everything this call may have written is undone before it returns.
 pub async fn bind(
     client: &Client,
     metrics: &Metrics,
     placement: &Placement,
-) -> Result<Vec<ResourceClaim>, String> {
-    let mut written: Vec<(&ClaimDecision, bool)> = Vec::new();
+) -> Result<Vec<ResourceClaim>, BindFailure> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &placement.pod.namespace);
+    let mut attempted: Vec<&ClaimDecision> = Vec::new();
     let mut stored = Vec::new();
     let mut result = Ok(());
     for decision in &placement.claims {
+        attempted.push(decision);
         match write_claim(client, metrics, placement, decision).await {
-            Ok((allocated, claim)) => {
-                written.push((decision, allocated));
-                stored.push(claim);
-            }
+            Ok(claim) => stored.push(claim),
             Err(e) => {
                 result = Err(e);
                 break;
             }
         }
     }
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &placement.pod.namespace);
     // kubelet learns from the pod's status which claim serves its extended resources and
     // which request serves each container; written before binding, as kube-scheduler does.
     if result.is_ok()
         && let Some(decision) = placement.claims.iter().find(|d| d.create)
     {
-        let patch = serde_json::json!({"status": {"extendedResourceClaimStatus": {
+        let patch = json!({"status": {"extendedResourceClaimStatus": {
             "resourceClaimName": decision.key.name,
             "requestMappings": decision.extended_mappings,
         }}});
@@ -273,8 +419,8 @@ pub async fn bind(
                 "pods/status",
                 pods.patch_status(
                     &placement.pod.name,
-                    &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Merge(patch),
+                    &PatchParams::default(),
+                    &Patch::Merge(patch),
                 ),
             )
             .await
@@ -287,60 +433,109 @@ pub async fn bind(
         }
     }
     if result.is_ok() {
-        let binding = Binding {
-            metadata: ObjectMeta {
-                name: Some(placement.pod.name.clone()),
-                namespace: Some(placement.pod.namespace.clone()),
-                uid: placement.pod_uid.clone(),
-                ..Default::default()
-            },
-            target: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Node".into()),
-                name: Some(placement.node.clone()),
-                ..Default::default()
-            },
-        };
-        if let Err(e) = metrics
-            .write(
-                "create",
-                "pods/binding",
-                pods.create_subresource::<_, serde_json::Value>(
-                    "binding",
-                    &placement.pod.name,
-                    &PostParams::default(),
-                    &binding,
-                ),
+        result = create_binding(&pods, metrics, placement).await;
+    }
+    let Err(message) = result else {
+        return Ok(stored);
+    };
+    settle(client, metrics, &pods, placement, &attempted, message).await
+}
+
+async fn create_binding(
+    pods: &Api<Pod>,
+    metrics: &Metrics,
+    placement: &Placement,
+) -> Result<(), String> {
+    let binding = Binding {
+        metadata: ObjectMeta {
+            name: Some(placement.pod.name.clone()),
+            namespace: Some(placement.pod.namespace.clone()),
+            uid: placement.pod_uid.clone(),
+            ..Default::default()
+        },
+        target: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(placement.node.clone()),
+            ..Default::default()
+        },
+    };
+    metrics
+        .write(
+            "create",
+            "pods/binding",
+            pods.create_subresource::<_, serde_json::Value>(
+                "binding",
+                &placement.pod.name,
+                &PostParams::default(),
+                &binding,
+            ),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            format!(
+                "bind pod {} to node {}: {}",
+                placement.pod,
+                placement.node,
+                describe(&e)
             )
-            .await
-        {
-            // A binding that landed although its answer was lost, or a retry of one: the
-            // pod is already on this node, which is success.
-            let already_here = is_conflict(&e)
-                && pods.get(&placement.pod.name).await.is_ok_and(|pod| {
-                    pod.spec.and_then(|s| s.node_name).as_deref() == Some(placement.node.as_str())
-                });
-            if !already_here {
-                result = Err(format!(
-                    "bind pod {} to node {}: {}",
-                    placement.pod,
-                    placement.node,
-                    describe(&e)
-                ));
+        })
+}
+
+/// After a failure: if the pod is bound here after all (a lost answer, a retried request),
+/// that is success; otherwise undo the claim writes that may have landed.
+async fn settle(
+    client: &Client,
+    metrics: &Metrics,
+    pods: &Api<Pod>,
+    placement: &Placement,
+    attempted: &[&ClaimDecision],
+    message: String,
+) -> Result<Vec<ResourceClaim>, BindFailure> {
+    let uncertain = |why: String| BindFailure {
+        message: format!("{message}; {why}"),
+        unwound: false,
+    };
+    match pod_now(pods, metrics, placement).await {
+        Ok(PodNow::BoundHere) => {
+            tracing::info!(pod = %placement.pod, node = %placement.node, %message, "the binding landed although a write failed");
+            let mut stored = Vec::new();
+            for decision in &placement.claims {
+                let api: Api<ResourceClaim> =
+                    Api::namespaced(client.clone(), &decision.key.namespace);
+                match settled(metrics, || api.get(&decision.key.name)).await {
+                    Ok(claim) => stored.push(claim),
+                    Err(e) => {
+                        return Err(uncertain(format!(
+                            "read ResourceClaim {}: {}",
+                            decision.key,
+                            describe(&e)
+                        )));
+                    }
+                }
             }
+            Ok(stored)
         }
-    }
-    if result.is_err() {
-        for (decision, allocated) in written {
-            unwind_claim(client, metrics, placement, decision, allocated).await;
+        Ok(PodNow::NotHere) => {
+            for decision in attempted {
+                if let Err(e) = unwind_claim(client, metrics, placement, decision).await {
+                    return Err(uncertain(e));
+                }
+            }
+            Err(BindFailure {
+                message,
+                unwound: true,
+            })
         }
+        Err(e) => Err(uncertain(e)),
     }
-    result.map(|()| stored)
 }
 
 /// Give back a claim allocated for `pod_uid` that the pod cannot use where it is allocated
 /// (kube-scheduler's PostFilter): clear its allocation and reservations, guarded by
-/// resourceVersion so that a claim someone started using meanwhile is left alone.
+/// resourceVersion; a conflict reads the claim again, and a claim someone started using
+/// meanwhile is left alone.
 pub async fn release_claim(
     client: &Client,
     metrics: &Metrics,
@@ -348,36 +543,36 @@ pub async fn release_claim(
     pod_uid: &str,
 ) -> Result<bool, String> {
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &claim.namespace);
-    let mut current = match api.get(&claim.name).await {
-        Ok(c) => c,
-        Err(e) => return Err(format!("read ResourceClaim {claim}: {}", describe(&e))),
-    };
-    let Some(status) = current.status.as_mut() else {
-        return Ok(false);
-    };
-    let reserved = status.reserved_for.as_deref().unwrap_or_default();
-    let only_this_pod = reserved.is_empty() || (reserved.len() == 1 && reserved[0].uid == pod_uid);
-    if status.allocation.is_none() || !only_this_pod {
-        return Ok(false);
+    for _ in 0..CONFLICT_RETRIES {
+        let current = match api.get_opt(&claim.name).await {
+            Ok(Some(c)) => c,
+            Ok(None) => return Ok(false),
+            Err(e) => return Err(format!("read ResourceClaim {claim}: {}", describe(&e))),
+        };
+        let Some(status) = current.status.as_ref() else {
+            return Ok(false);
+        };
+        let reserved = status.reserved_for.as_deref().unwrap_or_default();
+        let only_this_pod =
+            reserved.is_empty() || (reserved.len() == 1 && reserved[0].uid == pod_uid);
+        if status.allocation.is_none() || !only_this_pod {
+            return Ok(false);
+        }
+        let patch = json!({"status": {"allocation": null, "reservedFor": null, "devices": null}});
+        match patch_claim(&api, metrics, &current, true, patch).await {
+            Ok(_) => return Ok(true),
+            Err(e) if is_conflict(&e) => continue,
+            Err(e) => {
+                return Err(format!(
+                    "deallocate ResourceClaim {claim}: {}",
+                    describe(&e)
+                ));
+            }
+        }
     }
-    status.allocation = None;
-    status.reserved_for = None;
-    status.devices = None;
-    match metrics
-        .write(
-            "update",
-            "resourceclaims/status",
-            api.replace_status(&claim.name, &PostParams::default(), &current),
-        )
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(e) if is_conflict(&e) => Ok(false),
-        Err(e) => Err(format!(
-            "deallocate ResourceClaim {claim}: {}",
-            describe(&e)
-        )),
-    }
+    Err(format!(
+        "deallocate ResourceClaim {claim}: it kept changing ({CONFLICT_RETRIES} conflicts)"
+    ))
 }
 
 #[cfg(test)]

@@ -15,8 +15,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME")]
     pub scheduler_name: Option<String>,
     /// A YAML file with any of: schedulerName, kubeconfig, logFormat, metricsBindAddress,
-    /// percentageOfNodesToScore, maxConcurrentBinds, clientQPS, clientBurst, leaderElection
-    /// {leaderElect, leaseName, leaseNamespace, leaseDurationSeconds}, scoring
+    /// percentageOfNodesToScore, maxConcurrentBinds, clientQPS, clientBurst,
+    /// filterTimeoutSeconds, leaderElection {leaderElect, leaseName, leaseNamespace,
+    /// leaseDurationSeconds, renewDeadlineSeconds, retryPeriodSeconds}, scoring
     /// {prioritizedList, numaAlignment, devicePacking, leastAllocated} (weights).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -51,6 +52,17 @@ pub struct RunArgs {
     /// this long after the leader dies [default: 10].
     #[arg(long, value_name = "SECONDS")]
     pub lease_duration_seconds: Option<u64>,
+    /// A leader whose renewals have failed for this long stops scheduling, lets its
+    /// bindings settle and exits [default: 7; less than the lease duration].
+    #[arg(long, value_name = "SECONDS")]
+    pub renew_deadline_seconds: Option<u64>,
+    /// How often the Lease is renewed or tried [default: 2; less than the renew deadline].
+    #[arg(long, value_name = "SECONDS")]
+    pub retry_period_seconds: Option<u64>,
+    /// The most one pod's device search may take, over all nodes; past it the pod is
+    /// unschedulable for this attempt [default: 10, kube-scheduler's DRA filter timeout].
+    #[arg(long, value_name = "SECONDS")]
+    pub filter_timeout_seconds: Option<f64>,
 }
 
 /// The config file; unknown keys are an error naming the key.
@@ -66,6 +78,8 @@ struct File {
     #[serde(rename = "clientQPS")]
     client_qps: Option<f64>,
     client_burst: Option<u32>,
+    /// Seconds, as kube-scheduler's `filterTimeout` of its DynamicResources plugin args.
+    filter_timeout_seconds: Option<f64>,
     #[serde(default)]
     leader_election: LeaderElectionFile,
     scoring: Option<ScoringFile>,
@@ -92,6 +106,8 @@ struct LeaderElectionFile {
     lease_name: Option<String>,
     lease_namespace: Option<String>,
     lease_duration_seconds: Option<u64>,
+    renew_deadline_seconds: Option<u64>,
+    retry_period_seconds: Option<u64>,
 }
 
 /// Leader election: one replica schedules, the others keep their caches warm and wait.
@@ -100,6 +116,9 @@ pub struct LeaderElection {
     pub lease_name: String,
     pub lease_namespace: String,
     pub lease_duration_seconds: u64,
+    /// Renewals failing this long end the leadership (see [`super::leader::Fence`]).
+    pub renew_deadline_seconds: u64,
+    pub retry_period_seconds: u64,
 }
 
 /// The settings in force.
@@ -117,6 +136,8 @@ pub struct Config {
     pub scoring: Option<dra_engine::ScoreWeights>,
     /// `None` when leader election is off: this replica schedules alone.
     pub leader_election: Option<LeaderElection>,
+    /// One pod's device search budget.
+    pub filter_timeout: std::time::Duration,
 }
 
 impl Config {
@@ -151,6 +172,27 @@ impl Config {
                     "leaseDurationSeconds {lease_duration_seconds}: must be at least 2"
                 ));
             }
+            let renew_deadline_seconds = args
+                .renew_deadline_seconds
+                .or(election.renew_deadline_seconds)
+                .unwrap_or_else(|| (lease_duration_seconds * 7 / 10).max(1));
+            let retry_period_seconds = args
+                .retry_period_seconds
+                .or(election.retry_period_seconds)
+                .unwrap_or_else(|| (renew_deadline_seconds / 3).clamp(1, 2));
+            // As client-go requires: the leader gives up before a standby may take over, and
+            // tries more than once before it gives up. The fence stops writes one second
+            // before the lease duration, so at least one second lies between.
+            if renew_deadline_seconds + 1 > lease_duration_seconds {
+                return Err(format!(
+                    "renewDeadlineSeconds {renew_deadline_seconds}: must be at least 1 less than leaseDurationSeconds {lease_duration_seconds}"
+                ));
+            }
+            if retry_period_seconds == 0 || retry_period_seconds >= renew_deadline_seconds {
+                return Err(format!(
+                    "retryPeriodSeconds {retry_period_seconds}: must be at least 1 and less than renewDeadlineSeconds {renew_deadline_seconds}"
+                ));
+            }
             Some(LeaderElection {
                 lease_name: args
                     .lease_name
@@ -161,10 +203,21 @@ impl Config {
                     .or(election.lease_namespace)
                     .unwrap_or_else(|| "kube-system".into()),
                 lease_duration_seconds,
+                renew_deadline_seconds,
+                retry_period_seconds,
             })
         } else {
             None
         };
+        let filter_timeout = args
+            .filter_timeout_seconds
+            .or(file.filter_timeout_seconds)
+            .unwrap_or(dra_engine::DEFAULT_FILTER_TIMEOUT.as_secs_f64());
+        if !(filter_timeout > 0.0 && filter_timeout <= 600.0) {
+            return Err(format!(
+                "filterTimeoutSeconds {filter_timeout}: must be more than 0 and at most 600"
+            ));
+        }
         Ok(Config {
             scheduler_name,
             kubeconfig: args.kubeconfig.or(file.kubeconfig),
@@ -190,6 +243,7 @@ impl Config {
             client_qps: args.client_qps.or(file.client_qps).unwrap_or(100.0),
             client_burst: args.client_burst.or(file.client_burst).unwrap_or(200),
             leader_election,
+            filter_timeout: std::time::Duration::from_secs_f64(filter_timeout),
         })
     }
 }
@@ -225,9 +279,12 @@ mod tests {
                 lease_name: "gpu-scheduler".into(),
                 lease_namespace: "kube-system".into(),
                 lease_duration_seconds: 10,
+                renew_deadline_seconds: 7,
+                retry_period_seconds: 2,
             }),
             "on by default, the lease named after the scheduler"
         );
+        assert_eq!(config.filter_timeout, std::time::Duration::from_secs(10));
 
         std::fs::write(
             &path,
@@ -263,6 +320,28 @@ mod tests {
         })
         .unwrap();
         assert_eq!(off.leader_election, None, "the flag wins");
+
+        std::fs::write(&path, "filterTimeoutSeconds: 2.5\nleaderElection: {leaseDurationSeconds: 15, renewDeadlineSeconds: 15}\n").unwrap();
+        let err = Config::resolve(RunArgs {
+            config: Some(path.clone()),
+            filter_timeout_seconds: Some(0.5),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(
+            err.starts_with("renewDeadlineSeconds 15: must be at least 1 less"),
+            "{err}"
+        );
+        std::fs::write(&path, "filterTimeoutSeconds: 2.5\n").unwrap();
+        let config = Config::resolve(RunArgs {
+            config: Some(path.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            config.filter_timeout,
+            std::time::Duration::from_millis(2500)
+        );
 
         std::fs::write(&path, "schedulerNmae: typo\n").unwrap();
         let err = Config::resolve(RunArgs {

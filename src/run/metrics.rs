@@ -12,6 +12,11 @@ use prometheus::{
     TextEncoder,
 };
 
+/// Whether a write was refused because this replica may no longer lead.
+pub fn is_not_leader(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Service(b) if b.is::<super::leader::NotLeader>())
+}
+
 pub struct Metrics {
     registry: Registry,
     /// Per claim allocated: the scheduling cycle that found its devices, in seconds.
@@ -36,6 +41,8 @@ pub struct Metrics {
     pub leader: IntGauge,
     /// `clientQPS`/`clientBurst`: every write waits for a token first.
     throttle: Option<super::throttle::Throttle>,
+    /// Every write asks it first: a replica that may no longer lead writes nothing.
+    fence: Arc<super::leader::Fence>,
 }
 
 fn buckets() -> Vec<f64> {
@@ -135,7 +142,34 @@ impl Metrics {
             api_errors,
             leader,
             throttle: None,
+            fence: Arc::new(super::leader::Fence::open()),
         })
+    }
+
+    /// Refuse every write while `fence` is closed (see [`super::leader::Fence`]).
+    pub fn with_fence(mut self, fence: Arc<super::leader::Fence>) -> Metrics {
+        self.fence = fence;
+        self
+    }
+
+    /// Pods per queue: (active, backoff, unschedulable, gated).
+    pub fn set_pending(
+        &self,
+        (active, backoff, unschedulable, gated): (usize, usize, usize, usize),
+    ) {
+        for (queue, n) in [
+            ("active", active),
+            ("backoff", backoff),
+            ("unschedulable", unschedulable),
+            ("gated", gated),
+        ] {
+            self.pending.with_label_values(&[queue]).set(n as i64);
+        }
+    }
+
+    /// Whether this replica may write now.
+    pub fn may_write(&self) -> bool {
+        self.fence.may_write(std::time::Instant::now())
     }
 
     /// Rate-limit the writes made through [`Metrics::write`].
@@ -154,7 +188,7 @@ impl Metrics {
         if let Some(throttle) = &self.throttle {
             throttle.acquire().await;
         }
-        self.timed(verb, resource, call).await
+        self.fenced(verb, resource, call).await
     }
 
     /// Time one API write outside the write budget: events, which kube-scheduler also sends
@@ -165,6 +199,20 @@ impl Metrics {
         resource: &str,
         call: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, kube::Error> {
+        self.fenced(verb, resource, call).await
+    }
+
+    /// The write, if this replica may still write; a [`super::leader::NotLeader`] error
+    /// (see [`is_not_leader`]) otherwise.
+    async fn fenced<T>(
+        &self,
+        verb: &str,
+        resource: &str,
+        call: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        if let Err(e) = self.fence.check_write() {
+            return Err(kube::Error::Service(Box::new(e)));
+        }
         self.timed(verb, resource, call).await
     }
 
@@ -202,19 +250,29 @@ impl Metrics {
 struct AppState {
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
+    health: Arc<super::health::Health>,
 }
 
 pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
+    health: Arc<super::health::Health>,
 ) {
     let app = Router::new()
         .route(
             "/metrics",
             get(|State(s): State<AppState>| async move { s.metrics.render() }),
         )
-        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/healthz",
+            get(|State(s): State<AppState>| async move {
+                match s.health.check(std::time::Instant::now()) {
+                    Ok(summary) => (StatusCode::OK, format!("ok: {summary}")),
+                    Err(stuck) => (StatusCode::SERVICE_UNAVAILABLE, stuck),
+                }
+            }),
+        )
         .route(
             "/readyz",
             get(|State(s): State<AppState>| async move {
@@ -225,7 +283,11 @@ pub async fn serve(
                 }
             }),
         )
-        .with_state(AppState { metrics, ready });
+        .with_state(AppState {
+            metrics,
+            ready,
+            health,
+        });
     if let Err(e) = axum::serve(listener, app).await {
         tracing::error!(error = %e, "metrics server stopped");
     }

@@ -1,16 +1,23 @@
 //! `dra-scheduler run`: the live scheduler. Informers feed the engine's state (one
-//! writer: this loop); pending pods of ours go through the scheduling queue and the engine;
-//! each decision is assumed at once and written by an asynchronous binding task
-//! ([`binder`]), at most `maxConcurrentBinds` at a time; a failed write is undone and the
-//! pod backs off.
+//! writer at a time: this loop, or the scheduling worker while an attempt runs); pending
+//! pods of ours go through the scheduling queue and the engine; each attempt runs on a
+//! blocking worker thread with the engine handed to it, so informer events, binding
+//! results and the health endpoints keep flowing while a search runs (events that need
+//! the engine wait for it in arrival order); each decision is assumed at once and written
+//! by an asynchronous binding task ([`binder`]), at most `maxConcurrentBinds` at a time; a
+//! failed write is undone and the pod backs off. Every write passes the leader fence
+//! ([`leader::Fence`]).
 
 pub mod binder;
 pub mod config;
+pub mod health;
+pub mod leader;
 pub mod metrics;
 pub mod queue;
 pub mod throttle;
 
 use std::collections::{HashMap, HashSet};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -27,10 +34,11 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
-use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::{Semaphore, mpsc, watch as signal};
 
 use self::config::Config;
+use self::health::Health;
+use self::leader::{Candidate, Fence};
 use self::metrics::Metrics;
 use self::queue::SchedulingQueue;
 
@@ -227,29 +235,95 @@ async fn client_for(config: &Config) -> anyhow::Result<Client> {
     Ok(Client::try_from(kube_config)?)
 }
 
+/// One scheduling attempt, run on a blocking thread with the engine handed over, so that
+/// the event loop keeps turning while it searches.
+struct Attempt {
+    engine: Engine,
+    key: ObjectKey,
+    decision: Decision,
+    elapsed: f64,
+}
+
+fn run_attempt(mut engine: Engine, key: ObjectKey, cancel: Arc<AtomicBool>) -> Attempt {
+    let started = Instant::now();
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        engine.schedule_with(&key, Some(&cancel))
+    }));
+    let decision = outcome.unwrap_or_else(|panic| {
+        // The cycle does not change the state, only the allocator's view, which is rebuilt.
+        engine.state_mut();
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        tracing::error!(pod = %key, panic = %what, "internal error in a scheduling attempt; the pod backs off");
+        Decision::Error {
+            pod: key.clone(),
+            message: format!(
+                "internal error in dra-scheduler while scheduling this pod ({what}); it will be retried, please report it"
+            ),
+        }
+    });
+    Attempt {
+        engine,
+        key,
+        decision,
+        elapsed: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// Why the loop ended.
+enum Ending {
+    Shutdown,
+    LostLease,
+}
+
 /// Run the scheduler until SIGTERM or Ctrl-C.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let client = client_for(&config).await?;
-    let metrics = Arc::new(Metrics::new()?.with_throttle(throttle::Throttle::new(
-        config.client_qps,
-        config.client_burst,
-    )));
+    let mut candidate = config
+        .leader_election
+        .as_ref()
+        .map(|le| Candidate::new(client.clone(), le, identity()));
+    let fence = candidate
+        .as_ref()
+        .map_or_else(|| Arc::new(Fence::open()), Candidate::fence);
+    let metrics = Arc::new(
+        Metrics::new()?
+            .with_throttle(throttle::Throttle::new(
+                config.client_qps,
+                config.client_burst,
+            ))
+            .with_fence(fence.clone()),
+    );
     let ready = Arc::new(AtomicBool::new(false));
+    let health = Arc::new(Health::new(config.filter_timeout));
     let listener = tokio::net::TcpListener::bind(&config.metrics_bind_address)
         .await
         .with_context(|| format!("listen on {}", config.metrics_bind_address))?;
     tracing::info!(address = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
-    tokio::spawn(metrics::serve(listener, metrics.clone(), ready.clone()));
+    tokio::spawn(metrics::serve(
+        listener,
+        metrics.clone(),
+        ready.clone(),
+        health.clone(),
+    ));
 
-    let mut engine = Engine::new(
+    // The engine is here, or with the worker while an attempt runs.
+    let mut engine = Some(Engine::new(
         EngineConfig {
             scheduler_name: config.scheduler_name.clone(),
             percentage_of_nodes_to_score: config.percentage_of_nodes_to_score,
             weights: config.scoring.clone(),
+            filter_timeout: config.filter_timeout,
             ..Default::default()
         },
         ClusterInput::default(),
-    );
+    ));
+    let mut running: Option<(tokio::task::JoinHandle<Attempt>, Arc<AtomicBool>)> = None;
+    // Changes that arrived while the engine was with the worker, in arrival order.
+    let mut deferred: Vec<Change> = Vec::new();
     let mut queue = SchedulingQueue::default();
     let mut changes: SelectAll<BoxStream<'static, Change>> = futures::stream::select_all([
         watch(&client, "Node", Change::Node),
@@ -266,17 +340,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             instance: std::env::var("POD_NAME").ok(),
         },
     ));
-    type Done = (
-        Placement,
-        Option<Instant>,
-        Result<Vec<ResourceClaim>, String>,
-    );
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
     let binds = Arc::new(Semaphore::new(config.max_concurrent_binds.max(1)));
-    let mut in_flight: HashMap<ObjectKey, Placement> = HashMap::new();
-    // Bound pods whose binding the pod informer has not shown yet: until it does, an older
-    // event must not make them pending again.
-    let mut confirming: HashMap<ObjectKey, Placement> = HashMap::new();
+    let mut book = Bookkeeping::default();
     let mut user = Tell {
         client: client.clone(),
         metrics: metrics.clone(),
@@ -285,31 +351,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
 
     // Leader election: every replica keeps its caches warm; only the leader takes pods
-    // from the queue. A standby that takes over has never assumed anything, so its state
-    // is what the API server says (claim status is the source of truth).
-    let mut leading = config.leader_election.is_none();
-    let mut election = None;
+    // from the queue, and only while its fence is open. A standby that takes over has
+    // never assumed anything, so its state is what the API server says (claim status is
+    // the source of truth).
+    let mut leading = candidate.is_none();
     let mut leader_rx = None;
-    if let Some(le) = &config.leader_election {
-        let identity = identity();
-        let manager = LeaseManagerBuilder::new(client.clone(), &le.lease_name)
-            .with_namespace(&le.lease_namespace)
-            .with_identity(&identity)
-            .with_duration(le.lease_duration_seconds)
-            .with_grace((le.lease_duration_seconds / 3).max(1))
-            .build()
-            .await
-            .with_context(|| {
-                format!(
-                    "leader election: Lease {}/{}",
-                    le.lease_namespace, le.lease_name
-                )
-            })?;
-        tracing::info!(%identity, lease = %format!("{}/{}", le.lease_namespace, le.lease_name), "waiting to become the leader");
-        let (rx, task) = manager.watch().await;
-        leading = *rx.borrow();
+    let (stop_election, stop_rx) = signal::channel(false);
+    let mut election = None;
+    if let Some(candidate) = candidate.take() {
+        let le = config
+            .leader_election
+            .as_ref()
+            .expect("a candidate has its settings");
+        tracing::info!(lease = %format!("{}/{}", le.lease_namespace, le.lease_name), "waiting to become the leader");
+        let (tx, rx) = signal::channel(false);
         leader_rx = Some(rx);
-        election = Some(task);
+        election = Some(tokio::spawn(candidate.run(tx, stop_rx)));
     }
     metrics.leader.set(i64::from(leading));
     let mut informers = Informers::default();
@@ -317,39 +374,31 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
 
-    loop {
+    let ending = loop {
         tokio::select! {
-            Some(change) = changes.next() => {
-                apply(&mut engine, &mut queue, &in_flight, &mut confirming, &mut informers, change);
+            Some(change) = changes.next() => match engine.as_mut() {
+                Some(engine) => apply(engine, &mut queue, &mut book, &mut informers, change),
+                None => deferred.push(change),
+            },
+            Some(done) = done_rx.recv(), if engine.is_some() => {
+                let engine = engine.as_mut().expect("checked by the guard");
+                book.binding_done(engine, &mut queue, &metrics, &mut user, done);
             }
-            Some((placement, added, result)) = done_rx.recv() => {
-                in_flight.remove(&placement.pod);
-                metrics.in_flight.set(in_flight.len() as i64);
-                let uid = placement.pod_uid.clone();
-                match result {
-                    Ok(stored) => {
-                        // What the API server stored is newer than anything the informers
-                        // have shown; late events cannot undo it.
-                        for claim in stored {
-                            engine.upsert_claim(claim);
-                        }
-                        engine.reassert(&placement);
-                        confirming.insert(placement.pod.clone(), placement.clone());
-                        if let Some(added) = added {
-                            metrics.pod_scheduling.observe(added.elapsed().as_secs_f64());
-                        }
-                        queue.remove(&placement.pod);
-                        user.scheduled(placement.pod.clone(), uid, placement.node.clone());
-                    }
-                    Err(message) => {
-                        tracing::warn!(pod = %placement.pod, %message, "binding failed; undone, backing off");
-                        engine.forget(&placement);
-                        queue.backoff(&placement.pod, Instant::now());
-                        // What it had assumed is free again.
-                        queue.cluster_changed();
-                        user.failed(placement.pod.clone(), uid, message);
-                    }
+            finished = async { (&mut running.as_mut().expect("guarded").0).await }, if running.is_some() => {
+                running = None;
+                health.attempt_finished(Instant::now());
+                let attempt = finished.context("the scheduling worker was lost")?;
+                let mut e = attempt.engine;
+                if leading {
+                    let ctx = Ctx { client: &client, metrics: &metrics, done: &done_tx, binds: &binds };
+                    book.decided(&mut e, &mut queue, &mut user, &ctx, attempt.key, attempt.decision, attempt.elapsed);
+                } else {
+                    queue.backoff(&attempt.key, Instant::now());
                 }
+                for change in deferred.drain(..) {
+                    apply(&mut e, &mut queue, &mut book, &mut informers, change);
+                }
+                engine = Some(e);
             }
             change = leadership_change(&mut leader_rx) => match change {
                 Some(true) if !leading => {
@@ -358,168 +407,286 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     metrics.leader.set(1);
                 }
                 Some(true) => {}
-                Some(false) | None if leading => {
-                    // Another replica may be scheduling now: stop at once, as kube-scheduler
-                    // does. Writes in flight are guarded by resourceVersion.
-                    metrics.leader.set(0);
-                    anyhow::bail!("lost the leader Lease; exiting so that a restart rebuilds from the API server");
-                }
+                Some(false) | None if leading => break Ending::LostLease,
                 Some(false) => {}
                 None => anyhow::bail!("leader election stopped"),
             },
             _ = tick.tick() => {
                 let now = Instant::now();
                 queue.flush_backoff(now);
+                queue.flush_unschedulable(now);
                 // A claim that has not appeared for a while is worth telling the user about.
-                for pod in queue.overdue_gated(now, GATED_REPORT_AFTER) {
-                    if let Some(message) = engine.claims_missing(&pod) {
-                        let uid = engine.state().pods.get(&pod).and_then(|p| p.metadata.uid.clone());
-                        user.failed(pod, uid, message);
+                if let Some(engine) = engine.as_ref() {
+                    for pod in queue.overdue_gated(now, GATED_REPORT_AFTER) {
+                        if let Some(message) = engine.claims_missing(&pod) {
+                            let uid = engine.state().pods.get(&pod).and_then(|p| p.metadata.uid.clone());
+                            user.failed(pod, uid, message);
+                        }
                     }
                 }
             }
             _ = &mut shutdown => {
                 tracing::info!("shutting down: no new pods; waiting for bindings in flight");
-                break;
+                break Ending::Shutdown;
             }
+        }
+        let now = Instant::now();
+        health.beat(now);
+        // Whatever the election task believes: no renewal within the deadline, no leading.
+        if leading && !fence.may_schedule(now) {
+            break Ending::LostLease;
         }
         if informers.synced.len() < KINDS.len() {
             continue;
         }
         ready.store(true, Ordering::Relaxed);
-        if !leading {
+        if !leading || running.is_some() {
             continue;
         }
-        // A bounded batch, so informer updates keep flowing between decisions.
-        for _ in 0..64 {
-            let Some(key) = queue.pop() else { break };
-            if in_flight.contains_key(&key) {
-                continue;
-            }
-            if engine.claims_missing(&key).is_some() {
-                queue.gate(&key, Instant::now());
-                continue;
-            }
-            let started = Instant::now();
-            let decision = engine.schedule(&key);
-            let elapsed = started.elapsed().as_secs_f64();
-            metrics
-                .search_steps
-                .observe(engine.last_search_steps() as f64);
-            let uid = engine
-                .state()
-                .pods
-                .get(&key)
-                .and_then(|p| p.metadata.uid.clone());
-            match decision {
-                Decision::Scheduled(placement) => {
-                    metrics
-                        .attempts
-                        .with_label_values(&["scheduled"])
-                        .observe(elapsed);
-                    for _ in placement.claims.iter().filter(|c| c.allocation.is_some()) {
-                        metrics.allocation_latency.observe(elapsed);
-                    }
-                    engine.assume(&placement);
-                    in_flight.insert(key.clone(), placement.clone());
-                    metrics.in_flight.set(in_flight.len() as i64);
-                    let added = queue.added_at(&key);
-                    let client = client.clone();
-                    let done = done_tx.clone();
-                    let binds = binds.clone();
-                    let metrics = metrics.clone();
-                    tokio::spawn(async move {
-                        let _permit = binds.acquire_owned().await;
-                        let started = Instant::now();
-                        let result = binder::bind(&client, &metrics, &placement).await;
-                        metrics
-                            .bind_latency
-                            .with_label_values(&[if result.is_ok() { "ok" } else { "error" }])
-                            .observe(started.elapsed().as_secs_f64());
-                        let _ = done.send((placement, added, result));
-                    });
+        if let Some(e) = engine.take() {
+            match next_pod(&e, &mut queue, &book) {
+                Some(key) => {
+                    let cancel = Arc::new(AtomicBool::new(false));
+                    health.attempt_started(now);
+                    let worker_cancel = cancel.clone();
+                    let task =
+                        tokio::task::spawn_blocking(move || run_attempt(e, key, worker_cancel));
+                    running = Some((task, cancel));
                 }
-                Decision::Unschedulable { pod, message } => {
-                    metrics
-                        .attempts
-                        .with_label_values(&["unschedulable"])
-                        .observe(elapsed);
-                    queue.unschedulable(&pod);
-                    // A claim allocated for this pod that keeps it where it cannot go
-                    // (e.g. allocated before a restart) is given back; the claim's update
-                    // then retries the pod.
-                    if let (Some(claim), Some(uid)) = (engine.claim_to_release(&pod), uid.clone()) {
-                        let client = client.clone();
-                        let metrics = metrics.clone();
-                        let pod = pod.clone();
-                        tokio::spawn(async move {
-                            match binder::release_claim(&client, &metrics, &claim, &uid).await {
-                                Ok(true) => {
-                                    tracing::info!(%pod, %claim, "deallocated the claim of an unschedulable pod")
-                                }
-                                Ok(false) => {}
-                                Err(message) => {
-                                    tracing::warn!(%pod, %claim, %message, "could not deallocate")
-                                }
-                            }
-                        });
-                    }
-                    user.failed(pod, uid, message);
-                }
-                Decision::Error { pod, message } => {
-                    metrics
-                        .attempts
-                        .with_label_values(&["error"])
-                        .observe(elapsed);
-                    queue.backoff(&pod, Instant::now());
-                    user.failed(pod, uid, message);
-                }
+                None => engine = Some(e),
             }
         }
         if user.told.len() > 64 && user.told.len() > 2 * queue.len() {
             user.told.retain(|pod, _| queue.contains(pod));
         }
-        let (active, backoff, unschedulable, gated) = queue.lengths();
-        metrics
-            .pending
-            .with_label_values(&["gated"])
-            .set(gated as i64);
-        metrics
-            .pending
-            .with_label_values(&["active"])
-            .set(active as i64);
-        metrics
-            .pending
-            .with_label_values(&["backoff"])
-            .set(backoff as i64);
-        metrics
-            .pending
-            .with_label_values(&["unschedulable"])
-            .set(unschedulable as i64);
+        metrics.set_pending(queue.lengths());
+    };
+
+    // Stop: no new attempt; the one running is cancelled; bindings in flight finish or
+    // undo themselves while the fence still lets them write.
+    ready.store(false, Ordering::Relaxed);
+    if let Some((_, cancel)) = &running {
+        cancel.store(true, Ordering::Relaxed);
+    }
+    if matches!(ending, Ending::LostLease) {
+        metrics.leader.set(0);
+        tracing::error!(
+            "the leader Lease was not renewed within the renew deadline: stopped scheduling; letting bindings in flight settle, then exiting"
+        );
+    }
+    let all = u32::try_from(config.max_concurrent_binds.max(1)).unwrap_or(u32::MAX);
+    let settle = async {
+        let _ = binds.acquire_many(all).await;
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(30), settle).await;
+    // The election task releases the Lease (if still held), so a standby takes over at once.
+    let _ = stop_election.send(true);
+    if let Some(task) = election {
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
+    match ending {
+        Ending::Shutdown => Ok(()),
+        Ending::LostLease => anyhow::bail!(
+            "lost the leader Lease; exiting so that a restart rebuilds from the API server"
+        ),
+    }
+}
+
+/// A binding task's report: the placement, when its pod entered the queue, and the result.
+type Done = (
+    Placement,
+    Option<Instant>,
+    Result<Vec<ResourceClaim>, binder::BindFailure>,
+);
+
+/// What starting a binding needs.
+struct Ctx<'a> {
+    client: &'a Client,
+    metrics: &'a Arc<Metrics>,
+    done: &'a mpsc::UnboundedSender<Done>,
+    binds: &'a Arc<Semaphore>,
+}
+
+/// The next pod to try, if any; pods whose claims do not exist yet are gated on the way.
+fn next_pod(engine: &Engine, queue: &mut SchedulingQueue, book: &Bookkeeping) -> Option<ObjectKey> {
+    while let Some(key) = queue.pop() {
+        if book.in_flight.contains_key(&key) {
+            continue;
+        }
+        if engine.claims_missing(&key).is_some() {
+            queue.gate(&key, Instant::now());
+            continue;
+        }
+        return Some(key);
+    }
+    None
+}
+
+/// Decisions whose writes are in flight or not yet seen by the informers, keyed by pod
+/// and checked against the pod's UID (a pod deleted and created again under the same name
+/// is another pod).
+#[derive(Default)]
+struct Bookkeeping {
+    in_flight: HashMap<ObjectKey, Placement>,
+    /// Bound pods whose binding the pod informer has not shown yet: until it does, an
+    /// older event must not make them pending again.
+    confirming: HashMap<ObjectKey, Placement>,
+}
+
+impl Bookkeeping {
+    /// The placement recorded for this very pod (same UID), in flight or being confirmed.
+    fn placement_of(&self, pod: &Pod) -> Option<&Placement> {
+        let key = ObjectKey::of(&pod.metadata);
+        self.in_flight
+            .get(&key)
+            .or_else(|| self.confirming.get(&key))
+            .filter(|p| p.pod_uid.is_none() || p.pod_uid == pod.metadata.uid)
     }
 
-    // Graceful shutdown: let the bindings in flight finish (or undo themselves).
-    ready.store(false, Ordering::Relaxed);
-    let all = u32::try_from(config.max_concurrent_binds.max(1)).unwrap_or(u32::MAX);
-    let _ = tokio::time::timeout(Duration::from_secs(30), binds.acquire_many(all)).await;
-    // Closing the channel makes the election task release the Lease, so a standby takes
-    // over at once instead of waiting for it to expire.
-    drop(leader_rx);
-    if let Some(task) = election {
-        match tokio::time::timeout(Duration::from_secs(5), task).await {
-            Ok(Ok(Ok(_))) => tracing::info!("released the leader Lease"),
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "could not release the leader Lease"),
-            _ => tracing::warn!("gave up releasing the leader Lease"),
+    fn placements(&self) -> impl Iterator<Item = &Placement> {
+        self.in_flight.values().chain(self.confirming.values())
+    }
+
+    /// Take a decision made by the worker.
+    #[allow(clippy::too_many_arguments)]
+    fn decided(
+        &mut self,
+        engine: &mut Engine,
+        queue: &mut SchedulingQueue,
+        user: &mut Tell,
+        ctx: &Ctx<'_>,
+        key: ObjectKey,
+        decision: Decision,
+        elapsed: f64,
+    ) {
+        let metrics = ctx.metrics;
+        metrics
+            .search_steps
+            .observe(engine.last_search_steps() as f64);
+        let uid = engine
+            .state()
+            .pods
+            .get(&key)
+            .and_then(|p| p.metadata.uid.clone());
+        match decision {
+            Decision::Scheduled(placement) => {
+                metrics
+                    .attempts
+                    .with_label_values(&["scheduled"])
+                    .observe(elapsed);
+                for _ in placement.claims.iter().filter(|c| c.allocation.is_some()) {
+                    metrics.allocation_latency.observe(elapsed);
+                }
+                engine.assume(&placement);
+                self.in_flight.insert(key.clone(), placement.clone());
+                metrics.in_flight.set(self.in_flight.len() as i64);
+                let added = queue.added_at(&key);
+                let client = ctx.client.clone();
+                let done = ctx.done.clone();
+                let binds = ctx.binds.clone();
+                let metrics = metrics.clone();
+                tokio::spawn(async move {
+                    let _permit = binds.acquire_owned().await;
+                    let started = Instant::now();
+                    let result = binder::bind(&client, &metrics, &placement).await;
+                    metrics
+                        .bind_latency
+                        .with_label_values(&[if result.is_ok() { "ok" } else { "error" }])
+                        .observe(started.elapsed().as_secs_f64());
+                    let _ = done.send((placement, added, result));
+                });
+            }
+            Decision::Unschedulable { pod, message } => {
+                metrics
+                    .attempts
+                    .with_label_values(&["unschedulable"])
+                    .observe(elapsed);
+                queue.unschedulable(&pod, Instant::now());
+                // A claim allocated for this pod that keeps it where it cannot go
+                // (e.g. allocated before a restart) is given back; the claim's update
+                // then retries the pod.
+                if let (Some(claim), Some(uid)) = (engine.claim_to_release(&pod), uid.clone()) {
+                    let client = ctx.client.clone();
+                    let metrics = metrics.clone();
+                    let pod = pod.clone();
+                    tokio::spawn(async move {
+                        match binder::release_claim(&client, &metrics, &claim, &uid).await {
+                            Ok(true) => {
+                                tracing::info!(%pod, %claim, "deallocated the claim of an unschedulable pod")
+                            }
+                            Ok(false) => {}
+                            Err(message) => {
+                                tracing::warn!(%pod, %claim, %message, "could not deallocate")
+                            }
+                        }
+                    });
+                }
+                user.failed(pod, uid, message);
+            }
+            Decision::Error { pod, message } => {
+                metrics
+                    .attempts
+                    .with_label_values(&["error"])
+                    .observe(elapsed);
+                queue.backoff(&pod, Instant::now());
+                user.failed(pod, uid, message);
+            }
         }
     }
-    Ok(())
+
+    /// A binding task finished.
+    fn binding_done(
+        &mut self,
+        engine: &mut Engine,
+        queue: &mut SchedulingQueue,
+        metrics: &Metrics,
+        user: &mut Tell,
+        (placement, added, result): Done,
+    ) {
+        self.in_flight.remove(&placement.pod);
+        metrics.in_flight.set(self.in_flight.len() as i64);
+        let uid = placement.pod_uid.clone();
+        match result {
+            Ok(stored) => {
+                // What the API server stored is newer than anything the informers have
+                // shown; late events cannot undo it.
+                for claim in stored {
+                    engine.upsert_claim(claim);
+                }
+                engine.reassert(&placement);
+                self.confirming
+                    .insert(placement.pod.clone(), placement.clone());
+                if let Some(added) = added {
+                    metrics
+                        .pod_scheduling
+                        .observe(added.elapsed().as_secs_f64());
+                }
+                queue.remove(&placement.pod);
+                user.scheduled(placement.pod.clone(), uid, placement.node.clone());
+            }
+            Err(failure) => {
+                if failure.unwound {
+                    tracing::warn!(pod = %placement.pod, message = %failure.message, "binding failed; undone, backing off");
+                    engine.forget(&placement);
+                } else {
+                    // The claims may still hold the devices: keep them taken, free only
+                    // the pod; the informers bring the claims' truth.
+                    tracing::warn!(pod = %placement.pod, message = %failure.message, "binding failed and could not be undone; its devices stay taken");
+                    engine.forget_pod(&placement);
+                }
+                queue.backoff(&placement.pod, Instant::now());
+                // What it had assumed is free again.
+                queue.cluster_changed();
+                user.failed(placement.pod.clone(), uid, failure.message);
+            }
+        }
+    }
 }
 
 fn apply(
     engine: &mut Engine,
     queue: &mut SchedulingQueue,
-    in_flight: &HashMap<ObjectKey, Placement>,
-    confirming: &mut HashMap<ObjectKey, Placement>,
+    book: &mut Bookkeeping,
     informers: &mut Informers,
     change: Change,
 ) {
@@ -538,25 +705,24 @@ fn apply(
                     .is_some();
                 let terminal = dra_engine::state::is_terminal(&pod);
                 if bound {
-                    confirming.remove(&key);
+                    book.confirming.remove(&key);
                 }
+                let old = engine.state().pods.get(&key);
                 if bound || terminal || pod.metadata.deletion_timestamp.is_some() {
                     queue.remove(&key);
-                } else if engine.is_ours(&pod)
-                    && !in_flight.contains_key(&key)
-                    && !confirming.contains_key(&key)
-                {
+                } else if engine.is_ours(&pod) && book.placement_of(&pod).is_none() {
                     queue.add(key.clone(), pod_priority(&pod));
-                    queue.pod_updated(&key);
+                    // Our own writes (the PodScheduled condition) change only the status:
+                    // they do not retry the pod.
+                    if old.is_none_or(|old| pod_changed_for_scheduling(old, &pod)) {
+                        queue.pod_updated(&key);
+                    }
                 }
-                let was_bound = engine
-                    .state()
-                    .pods
-                    .get(&key)
-                    .is_some_and(|p| dra_engine::state::bound_node(p).is_some());
+                let was_bound = old.is_some_and(|p| dra_engine::state::bound_node(p).is_some());
+                let placement = book.placement_of(&pod).cloned();
                 engine.upsert_pod(pod);
-                if let Some(p) = in_flight.get(&key).or_else(|| confirming.get(&key)) {
-                    engine.reassert(p);
+                if let Some(p) = placement {
+                    engine.reassert(&p);
                 }
                 // A bound pod that finished frees its node; other pod updates change nothing
                 // for the pods that wait.
@@ -565,7 +731,7 @@ fn apply(
             Event::Delete(pod) => {
                 let key = ObjectKey::of(&pod.metadata);
                 queue.remove(&key);
-                confirming.remove(&key);
+                book.confirming.remove(&key);
                 // Only a pod that held a node frees anything.
                 changed = engine
                     .state()
@@ -584,7 +750,7 @@ fn apply(
                 changed = !gone.is_empty();
                 for key in gone {
                     queue.remove(&key);
-                    confirming.remove(&key);
+                    book.confirming.remove(&key);
                     engine.remove_pod(&key);
                 }
             }
@@ -667,13 +833,34 @@ fn apply(
     }
     if touched_claims {
         // The API server's copy replaced what was assumed for bindings still in flight.
-        for placement in in_flight.values().chain(confirming.values()) {
+        for placement in book.placements() {
             engine.reassert(placement);
         }
     }
     if changed {
         queue.cluster_changed();
     }
+}
+
+/// Whether a pod's update could change where it fits: anything but its status, resource
+/// version and managed fields (as kube-scheduler's queue ignores them), except the claims
+/// kube-controller-manager records in the status for the pod's templates.
+fn pod_changed_for_scheduling(old: &Pod, new: &Pod) -> bool {
+    let strip = |pod: &Pod| {
+        let mut p = pod.clone();
+        p.metadata.resource_version = None;
+        p.metadata.managed_fields = None;
+        p.metadata.generation = None;
+        p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            resource_claim_statuses: pod
+                .status
+                .as_ref()
+                .and_then(|s| s.resource_claim_statuses.clone()),
+            ..Default::default()
+        });
+        p
+    };
+    strip(old) != strip(new)
 }
 
 /// Whether a node's update could make an unschedulable pod fit: a new node, or a change
@@ -807,6 +994,32 @@ mod tests {
         );
         // Without a list in progress, nothing is called gone.
         assert!(informers.gone("Pod", pods(&["a"]).into_iter()).is_empty());
+    }
+
+    #[test]
+    fn our_own_status_writes_do_not_retry_a_pod_but_its_claims_and_spec_do() {
+        let pod = |status: serde_json::Value, rv: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "default", "resourceVersion": rv},
+                "spec": {"containers": [{"name": "c"}]}, "status": status}))
+            .unwrap()
+        };
+        let old = pod(serde_json::json!({}), "1");
+        let condition = pod(
+            serde_json::json!({"conditions": [{"type": "PodScheduled", "status": "False",
+                "reason": "Unschedulable", "message": "0/3 nodes are available"}]}),
+            "2",
+        );
+        assert!(!pod_changed_for_scheduling(&old, &condition));
+        let claims = pod(
+            serde_json::json!({"resourceClaimStatuses": [
+                {"name": "gpu", "resourceClaimName": "p-gpu-x7k2"}]}),
+            "3",
+        );
+        assert!(pod_changed_for_scheduling(&condition, &claims));
+        let mut labelled = old.clone();
+        labelled.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
+        assert!(pod_changed_for_scheduling(&old, &labelled));
     }
 
     #[test]

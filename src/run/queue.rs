@@ -1,8 +1,10 @@
 //! The scheduling queue: pods wait in one of three places, as in kube-scheduler.
 //! - active: ready to be tried, higher priority first, then the order they arrived;
 //! - backoff: tried and failed with an error, retried after an exponential, capped delay;
-//! - unschedulable: no node fits; retried only when a cluster event could change that
-//!   ([`SchedulingQueue::cluster_changed`]), not by polling;
+//! - unschedulable: no node fits; retried when a cluster event could change that
+//!   ([`SchedulingQueue::cluster_changed`]), and in any case after
+//!   [`UNSCHEDULABLE_RETRY`] (kube-scheduler's podMaxInUnschedulablePodsDuration), in
+//!   case an event that mattered was not recognised as such;
 //! - gated: a claim the pod names does not exist yet (kube-controller-manager creates claims
 //!   from templates just after the pod): no attempt, no event, until the pod or a claim
 //!   changes (kube-scheduler's PreEnqueue). One still gated after a while is reported.
@@ -15,6 +17,8 @@ use dra_engine::ObjectKey;
 
 const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// The longest an unschedulable pod waits for an event before it is tried again.
+pub const UNSCHEDULABLE_RETRY: Duration = Duration::from_secs(300);
 
 #[derive(Debug, Default)]
 pub struct SchedulingQueue {
@@ -41,7 +45,8 @@ struct Entry {
 enum Place {
     Active,
     Backoff(Instant),
-    Unschedulable,
+    /// Since when.
+    Unschedulable(Instant),
     InFlight,
     /// Waiting for its claims (since [`Entry::gated_since`]).
     Gated,
@@ -109,10 +114,23 @@ impl SchedulingQueue {
         Some(key)
     }
 
-    /// No node fits: wait for a cluster event.
-    pub fn unschedulable(&mut self, key: &ObjectKey) {
+    /// No node fits: wait for a cluster event, or [`UNSCHEDULABLE_RETRY`].
+    pub fn unschedulable(&mut self, key: &ObjectKey, now: Instant) {
         if let Some(e) = self.pods.get_mut(key) {
-            e.place = Place::Unschedulable;
+            e.place = Place::Unschedulable(now);
+        }
+    }
+
+    /// Move pods unschedulable for [`UNSCHEDULABLE_RETRY`] to the active queue.
+    pub fn flush_unschedulable(&mut self, now: Instant) {
+        for (key, e) in self.pods.iter_mut() {
+            if let Place::Unschedulable(since) = e.place
+                && now.saturating_duration_since(since) >= UNSCHEDULABLE_RETRY
+            {
+                e.place = Place::Active;
+                self.active
+                    .insert((Reverse(e.priority), e.arrival, key.clone()));
+            }
         }
     }
 
@@ -154,7 +172,7 @@ impl SchedulingQueue {
     /// waits as unschedulable, try it again.
     pub fn pod_updated(&mut self, key: &ObjectKey) {
         if let Some(e) = self.pods.get_mut(key)
-            && matches!(e.place, Place::Unschedulable | Place::Gated)
+            && matches!(e.place, Place::Unschedulable(_) | Place::Gated)
         {
             e.place = Place::Active;
             self.active
@@ -165,7 +183,7 @@ impl SchedulingQueue {
     /// Something changed that could make unschedulable pods fit: try them again.
     pub fn cluster_changed(&mut self) {
         for (key, e) in self.pods.iter_mut() {
-            if matches!(e.place, Place::Unschedulable | Place::Gated) {
+            if matches!(e.place, Place::Unschedulable(_) | Place::Gated) {
                 e.place = Place::Active;
                 self.active
                     .insert((Reverse(e.priority), e.arrival, key.clone()));
@@ -194,7 +212,7 @@ impl SchedulingQueue {
         for e in self.pods.values() {
             match e.place {
                 Place::Backoff(_) => backoff += 1,
-                Place::Unschedulable => unschedulable += 1,
+                Place::Unschedulable(_) => unschedulable += 1,
                 Place::Gated => gated += 1,
                 _ => {}
             }
@@ -229,15 +247,33 @@ mod tests {
         let mut q = SchedulingQueue::default();
         q.add(key("a"), 0);
         assert_eq!(q.pop(), Some(key("a")));
-        q.unschedulable(&key("a"));
-        q.flush_backoff(Instant::now() + Duration::from_secs(3600));
+        let t0 = Instant::now();
+        q.unschedulable(&key("a"), t0);
+        q.flush_backoff(t0 + Duration::from_secs(3600));
+        q.flush_unschedulable(t0 + Duration::from_secs(299));
         assert_eq!(q.pop(), None, "no polling");
         assert_eq!(q.lengths(), (0, 0, 1, 0));
         q.cluster_changed();
         assert_eq!(q.pop(), Some(key("a")));
-        q.unschedulable(&key("a"));
+        q.unschedulable(&key("a"), t0);
         q.pod_updated(&key("a"));
         assert_eq!(q.pop(), Some(key("a")), "its own update retries it");
+    }
+
+    #[test]
+    fn an_unschedulable_pod_is_retried_after_five_minutes_without_any_event() {
+        let mut q = SchedulingQueue::default();
+        let t0 = Instant::now();
+        q.add(key("a"), 0);
+        q.add(key("b"), 0);
+        q.pop();
+        q.pop();
+        q.unschedulable(&key("a"), t0);
+        q.unschedulable(&key("b"), t0 + Duration::from_secs(60));
+        q.flush_unschedulable(t0 + Duration::from_secs(300));
+        assert_eq!([q.pop(), q.pop()], [Some(key("a")), None]);
+        q.flush_unschedulable(t0 + Duration::from_secs(360));
+        assert_eq!(q.pop(), Some(key("b")));
     }
 
     #[test]

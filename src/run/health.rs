@@ -1,0 +1,126 @@
+//! What `/healthz` reports: whether the event loop still turns and whether a scheduling
+//! attempt has run far past its budget. The loop beats on every turn (at least every
+//! 200 ms, from its timer); the scheduling worker marks when an attempt starts and ends.
+//! A loop silent for [`LOOP_STALL`], or an attempt running for its budget plus
+//! [`ATTEMPT_GRACE`], fails the check, so that the kubelet restarts a stuck replica and a
+//! standby takes over.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The event loop is stuck when it has not turned for this long.
+pub const LOOP_STALL: Duration = Duration::from_secs(10);
+/// An attempt is stuck when it runs this long past its budget (the budget stops searches;
+/// what is left of an attempt after that is short).
+pub const ATTEMPT_GRACE: Duration = Duration::from_secs(20);
+
+/// Progress marks, shared by the loop, the worker and the HTTP handler.
+#[derive(Debug)]
+pub struct Health {
+    start: Instant,
+    /// Milliseconds since `start` of the loop's last turn.
+    beat: AtomicU64,
+    /// Milliseconds since `start` when the running attempt began, plus one; 0: none runs.
+    attempt: AtomicU64,
+    /// Milliseconds since `start` of the last attempt that finished, plus one; 0: none yet.
+    finished: AtomicU64,
+    budget: Duration,
+}
+
+impl Health {
+    pub fn new(budget: Duration) -> Health {
+        Health {
+            start: Instant::now(),
+            beat: AtomicU64::new(0),
+            attempt: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            budget,
+        }
+    }
+
+    fn millis(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.start).as_millis() as u64
+    }
+
+    fn since(&self, mark: u64, now: Instant) -> Duration {
+        Duration::from_millis(self.millis(now).saturating_sub(mark))
+    }
+
+    pub fn beat(&self, now: Instant) {
+        self.beat.store(self.millis(now), Ordering::Relaxed);
+    }
+
+    pub fn attempt_started(&self, now: Instant) {
+        self.attempt.store(self.millis(now) + 1, Ordering::Relaxed);
+    }
+
+    pub fn attempt_finished(&self, now: Instant) {
+        self.attempt.store(0, Ordering::Relaxed);
+        self.finished.store(self.millis(now) + 1, Ordering::Relaxed);
+    }
+
+    /// `Ok` with a summary while healthy, `Err` with what is stuck.
+    pub fn check(&self, now: Instant) -> Result<String, String> {
+        let loop_idle = self.since(self.beat.load(Ordering::Relaxed), now);
+        let mut summary = format!("event loop turned {:.1}s ago", loop_idle.as_secs_f64());
+        match self.attempt.load(Ordering::Relaxed) {
+            0 => summary.push_str("; no scheduling attempt running"),
+            mark => {
+                let running = self.since(mark - 1, now);
+                summary.push_str(&format!(
+                    "; a scheduling attempt has run for {:.1}s (budget {:?})",
+                    running.as_secs_f64(),
+                    self.budget
+                ));
+                if running > self.budget + ATTEMPT_GRACE {
+                    return Err(format!("stuck: {summary}"));
+                }
+            }
+        }
+        if let Some(mark) = self.finished.load(Ordering::Relaxed).checked_sub(1) {
+            summary.push_str(&format!(
+                "; last attempt finished {:.1}s ago",
+                self.since(mark, now).as_secs_f64()
+            ));
+        }
+        if loop_idle > LOOP_STALL {
+            return Err(format!("stuck: {summary}"));
+        }
+        Ok(summary)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_silent_loop_or_an_attempt_far_past_its_budget_is_unhealthy() {
+        let h = Health::new(Duration::from_secs(10));
+        let t0 = h.start;
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        h.beat(at(1));
+        assert!(
+            h.check(at(2))
+                .unwrap()
+                .contains("no scheduling attempt running")
+        );
+        h.attempt_started(at(2));
+        h.beat(at(30));
+        let busy = h.check(at(30)).unwrap();
+        assert!(busy.contains("has run for 28.0s (budget 10s)"), "{busy}");
+        h.beat(at(33));
+        let stuck = h.check(at(33)).unwrap_err();
+        assert!(
+            stuck.starts_with("stuck: ") && stuck.contains("31.0s"),
+            "{stuck}"
+        );
+        h.attempt_finished(at(34));
+        assert!(
+            h.check(at(40)).is_ok(),
+            "loop turned 7 s ago, nothing running"
+        );
+        let silent = h.check(at(44)).unwrap_err();
+        assert!(silent.contains("event loop turned 11.0s ago"), "{silent}");
+    }
+}
