@@ -39,7 +39,9 @@ pub mod mps;
 pub mod plugin;
 pub mod prepare;
 pub mod publisher;
+pub mod quantity;
 pub mod slices;
+pub mod validate;
 
 /// Code generated from the kubelet protos in `proto/`.
 pub mod proto {
