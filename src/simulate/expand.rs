@@ -4,13 +4,15 @@
 //! namespaced object without a namespace lands in `default`.
 
 use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
 
 use k8s_openapi::api::core::v1::{Pod, PodResourceClaimStatus, PodStatus, PodTemplateSpec};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use super::manifests::{Loaded, ManifestError, Manifests, Object};
+use super::limits::{MAX_PODS, MAX_PODS_PER_WORKLOAD};
+use super::manifests::{Loaded, ManifestError, Manifests, Object, Source};
 use dra_engine::ClusterInput;
 
 const DEFAULT_NAMESPACE: &str = "default";
@@ -49,20 +51,81 @@ fn pod_from_template(
     }
 }
 
+/// Where a pod came from: a Pod document, or a workload's template.
+struct Origin {
+    source: Source,
+    object: String,
+    template: bool,
+}
+
+/// How many pods `object` stands for (one for a Pod, none for other objects): what its
+/// controller would create at once.
+fn pod_count(object: &Object) -> (i64, &'static str) {
+    match object {
+        Object::Pod(_) => (1, ""),
+        Object::Deployment(d) => (d.spec.replicas.unwrap_or(1).into(), "spec.replicas"),
+        Object::ReplicaSet(rs) => (rs.spec.replicas.unwrap_or(1).into(), "spec.replicas"),
+        Object::StatefulSet(ss) => (ss.spec.replicas.unwrap_or(1).into(), "spec.replicas"),
+        Object::Job(job) => {
+            let spec = job.spec.as_ref();
+            let parallelism = spec.and_then(|s| s.parallelism).unwrap_or(1);
+            match spec.and_then(|s| s.completions) {
+                Some(c) if c < parallelism => (c.into(), "spec.completions"),
+                _ => (parallelism.into(), "spec.parallelism"),
+            }
+        }
+        _ => (0, ""),
+    }
+}
+
+/// Check [`MAX_PODS_PER_WORKLOAD`] and [`MAX_PODS`] before a single pod is built.
+fn check_pod_counts(objects: &[Loaded]) -> Result<(), ManifestError> {
+    let mut total = 0usize;
+    for loaded in objects {
+        let (count, field) = pod_count(&loaded.object);
+        let error = |message: String| ManifestError {
+            location: loaded.source.clone(),
+            object: Some(loaded.object.describe()),
+            message,
+        };
+        if count > MAX_PODS_PER_WORKLOAD {
+            return Err(error(format!(
+                "{field}: {count} pods is more than simulate expands from one workload (at most \
+                 {MAX_PODS_PER_WORKLOAD})"
+            )));
+        }
+        total += count.max(0) as usize;
+        if total > MAX_PODS {
+            return Err(error(format!(
+                "with this object the input has more than {MAX_PODS} pods, more than simulate \
+                 schedules in one run"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Expand the manifests into the cluster the engine schedules.
 pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
+    check_pod_counts(&manifests.objects)?;
     let mut input = ClusterInput::default();
     let mut templates: HashMap<(String, String), ResourceClaimTemplate> = HashMap::new();
-    let mut priority_classes: Vec<(Loaded, PriorityClass)> = Vec::new();
-    let mut pods: Vec<(Loaded, Pod)> = Vec::new();
+    let mut priority_classes: Vec<PriorityClass> = Vec::new();
+    // Each pod with the object it came from, shared by a workload's pods.
+    let mut pods: Vec<(Rc<Origin>, Pod)> = Vec::new();
 
     for loaded in manifests.objects {
-        match loaded.object.clone() {
+        let origin = Rc::new(Origin {
+            source: loaded.source.clone(),
+            object: loaded.object.describe(),
+            template: !matches!(loaded.object, Object::Pod(_)),
+        });
+        match loaded.object {
             Object::Namespace(ns) => input.namespaces.push(ns),
             Object::Node(node) => input.nodes.push(node),
             Object::Pod(mut pod) => {
                 namespaced(&mut pod.metadata);
-                pods.push((loaded, pod));
+                pods.push((origin, pod));
             }
             Object::Deployment(mut d) => {
                 namespaced(&mut d.metadata);
@@ -76,7 +139,7 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
                         format!("{name}-{i}"),
                         ("Deployment", &name),
                     );
-                    pods.push((loaded.clone(), pod));
+                    pods.push((origin.clone(), pod));
                 }
             }
             Object::ReplicaSet(mut rs) => {
@@ -92,7 +155,7 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
                         format!("{name}-{i}"),
                         ("ReplicaSet", &name),
                     );
-                    pods.push((loaded.clone(), pod));
+                    pods.push((origin.clone(), pod));
                 }
             }
             Object::StatefulSet(mut ss) => {
@@ -107,7 +170,7 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
                         format!("{name}-{i}"),
                         ("StatefulSet", &name),
                     );
-                    pods.push((loaded.clone(), pod));
+                    pods.push((origin.clone(), pod));
                 }
             }
             Object::Job(mut job) => {
@@ -126,7 +189,7 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
                         format!("{name}-{i}"),
                         ("Job", &name),
                     );
-                    pods.push((loaded.clone(), pod));
+                    pods.push((origin.clone(), pod));
                 }
             }
             Object::ResourceClaim(mut claim) => {
@@ -144,13 +207,13 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
             Object::DeviceClass(c) => input.classes.push(c),
             Object::ResourceSlice(s) => input.slices.push(s),
             Object::DeviceTaintRule(r) => input.taint_rules.push(r),
-            Object::PriorityClass(pc) => priority_classes.push((loaded, pc)),
+            Object::PriorityClass(pc) => priority_classes.push(pc),
         }
     }
 
     let priorities: BTreeMap<String, i32> = priority_classes
         .iter()
-        .map(|(_, pc)| {
+        .map(|pc| {
             (
                 pc.metadata.name.clone().unwrap_or_default(),
                 pc.value.unwrap_or(0),
@@ -159,10 +222,10 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
         .collect();
     let global_default = priority_classes
         .iter()
-        .find(|(_, pc)| pc.global_default == Some(true))
-        .map(|(_, pc)| pc.value.unwrap_or(0));
+        .find(|pc| pc.global_default == Some(true))
+        .map(|pc| pc.value.unwrap_or(0));
 
-    for (loaded, mut pod) in pods {
+    for (origin, mut pod) in pods {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         let pod_name = pod.metadata.name.clone().unwrap_or_default();
         let spec = pod.spec.get_or_insert_with(Default::default);
@@ -174,10 +237,17 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
                     None if name == "system-cluster-critical" => Some(2_000_000_000),
                     None if name == "system-node-critical" => Some(2_000_001_000),
                     None => {
+                        let field = if origin.template {
+                            "spec.template.spec.priorityClassName"
+                        } else {
+                            "spec.priorityClassName"
+                        };
                         return Err(ManifestError {
-                            location: loaded.source,
-                            object: Some(format!("Pod {ns}/{pod_name}")),
-                            message: format!("no PriorityClass with name {name} was found"),
+                            location: origin.source.clone(),
+                            object: Some(origin.object.clone()),
+                            message: format!(
+                                "{field}: no PriorityClass with name {name} was found"
+                            ),
                         });
                     }
                 },

@@ -2,7 +2,9 @@
 //! several documents a file, each checked strictly (an unknown field is an error, as
 //! `kubectl apply` does by default) and reported by file, document and object.
 
+use std::collections::HashSet;
 use std::fmt;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
@@ -12,8 +14,14 @@ use k8s_openapi::api::resource::v1::{
     DeviceClass, DeviceTaintRule, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
 use k8s_openapi::api::scheduling::v1::PriorityClass;
-use serde::Deserialize;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::de::DeserializeSeed;
 use serde_json::Value;
+
+use super::limits::{
+    MAX_DEPTH, MAX_DOCUMENT_BYTES, MAX_DOCUMENTS_PER_FILE, MAX_FILE_BYTES, MAX_TOTAL_BYTES,
+};
+use super::{validate, yaml};
 
 /// Where a document came from: the file and the document's position in it (1-based).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,7 +32,12 @@ pub struct Source {
 
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (document {})", self.file.display(), self.document)
+        if self.document == 0 {
+            // The file as a whole (it cannot be read, or is too large).
+            write!(f, "{}", self.file.display())
+        } else {
+            write!(f, "{} (document {})", self.file.display(), self.document)
+        }
     }
 }
 
@@ -47,6 +60,55 @@ pub enum Object {
     ResourceSlice(ResourceSlice),
     DeviceTaintRule(DeviceTaintRule),
     PriorityClass(PriorityClass),
+}
+
+impl Object {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Object::Namespace(_) => "Namespace",
+            Object::Node(_) => "Node",
+            Object::Pod(_) => "Pod",
+            Object::Deployment(_) => "Deployment",
+            Object::ReplicaSet(_) => "ReplicaSet",
+            Object::StatefulSet(_) => "StatefulSet",
+            Object::Job(_) => "Job",
+            Object::ResourceClaim(_) => "ResourceClaim",
+            Object::ResourceClaimTemplate(_) => "ResourceClaimTemplate",
+            Object::DeviceClass(_) => "DeviceClass",
+            Object::ResourceSlice(_) => "ResourceSlice",
+            Object::DeviceTaintRule(_) => "DeviceTaintRule",
+            Object::PriorityClass(_) => "PriorityClass",
+        }
+    }
+
+    pub fn metadata(&self) -> &ObjectMeta {
+        match self {
+            Object::Namespace(o) => &o.metadata,
+            Object::Node(o) => &o.metadata,
+            Object::Pod(o) => &o.metadata,
+            Object::Deployment(o) => &o.metadata,
+            Object::ReplicaSet(o) => &o.metadata,
+            Object::StatefulSet(o) => &o.metadata,
+            Object::Job(o) => &o.metadata,
+            Object::ResourceClaim(o) => &o.metadata,
+            Object::ResourceClaimTemplate(o) => &o.metadata,
+            Object::DeviceClass(o) => &o.metadata,
+            Object::ResourceSlice(o) => &o.metadata,
+            Object::DeviceTaintRule(o) => &o.metadata,
+            Object::PriorityClass(o) => &o.metadata,
+        }
+    }
+
+    /// `Kind namespace/name` or `Kind name`, as written (before any defaulting), the way
+    /// errors name objects.
+    pub fn describe(&self) -> String {
+        let meta = self.metadata();
+        let name = meta.name.as_deref().unwrap_or("<no name>");
+        match meta.namespace.as_deref() {
+            Some(ns) => format!("{} {ns}/{name}", self.kind()),
+            None => format!("{} {name}", self.kind()),
+        }
+    }
 }
 
 /// Invalid input: names the file, the document, the object when known, and the cause.
@@ -102,85 +164,244 @@ const IGNORED_KINDS: &[&str] = &[
     "EndpointSlice",
 ];
 
-/// Every manifest file below `paths`: files as given, directories walked in lexical order.
-pub fn files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
-    let mut out = Vec::new();
+/// Every manifest file below `paths`, each once: files as given, directories walked in
+/// lexical order (only `.yaml`, `.yml` and `.json` files in them). Symbolic links are
+/// followed; a directory or file reached again (a link cycle, or two paths to the same
+/// place) is read the first time only. Only regular files are read: a FIFO, socket or
+/// device named on the command line, or given a manifest's name inside a directory, is an
+/// error rather than a read that blocks or never ends.
+pub fn files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ManifestError> {
+    let mut walk = Walk::default();
     for path in paths {
-        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let meta = std::fs::metadata(path).map_err(|e| file_error(path, e.to_string()))?;
         if meta.is_dir() {
-            walk(path, &mut out)?;
+            walk.dir(path)?;
         } else {
-            out.push(path.clone());
+            walk.file(path, &meta)?;
         }
     }
-    Ok(out)
+    Ok(walk.out)
 }
 
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .collect();
-    entries.sort();
-    for entry in entries {
-        if entry.is_dir() {
-            walk(&entry, out)?;
-        } else if matches!(
-            entry.extension().and_then(|e| e.to_str()),
-            Some("yaml" | "yml" | "json")
-        ) {
-            out.push(entry);
+#[derive(Default)]
+struct Walk {
+    out: Vec<PathBuf>,
+    dirs: HashSet<PathBuf>,
+    files: HashSet<PathBuf>,
+}
+
+impl Walk {
+    fn dir(&mut self, dir: &Path) -> Result<(), ManifestError> {
+        let canonical = std::fs::canonicalize(dir).map_err(|e| file_error(dir, e.to_string()))?;
+        if !self.dirs.insert(canonical) {
+            return Ok(()); // walked already: a symlink cycle or a second path to it
         }
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| file_error(dir, e.to_string()))?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<Result<_, _>>()
+            .map_err(|e| file_error(dir, e.to_string()))?;
+        entries.sort();
+        for entry in entries {
+            let manifest = matches!(
+                entry.extension().and_then(|e| e.to_str()),
+                Some("yaml" | "yml" | "json")
+            );
+            match std::fs::metadata(&entry) {
+                Ok(meta) if meta.is_dir() => self.dir(&entry)?,
+                Ok(meta) if manifest => self.file(&entry, &meta)?,
+                // A dangling link with a manifest's name is a manifest that cannot be read.
+                Err(e) if manifest => return Err(file_error(&entry, e.to_string())),
+                _ => {}
+            }
+        }
+        Ok(())
     }
-    Ok(())
+
+    fn file(&mut self, path: &Path, meta: &std::fs::Metadata) -> Result<(), ManifestError> {
+        if !meta.is_file() {
+            return Err(file_error(path, not_regular(meta)));
+        }
+        let canonical = std::fs::canonicalize(path).map_err(|e| file_error(path, e.to_string()))?;
+        if self.files.insert(canonical) {
+            self.out.push(path.to_path_buf());
+        }
+        Ok(())
+    }
 }
 
-/// Read every document below `paths`.
-pub fn load(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
-    let files = files(paths).map_err(|message| ManifestError {
+fn file_error(path: &Path, message: String) -> ManifestError {
+    ManifestError {
         location: Source {
-            file: PathBuf::new(),
+            file: path.to_path_buf(),
             document: 0,
         },
         object: None,
         message,
-    })?;
+    }
+}
+
+/// Why a path that is not a directory is not a manifest file either.
+fn not_regular(meta: &std::fs::Metadata) -> String {
+    let what = {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileTypeExt;
+            let t = meta.file_type();
+            if t.is_fifo() {
+                "a FIFO (named pipe)"
+            } else if t.is_socket() {
+                "a socket"
+            } else if t.is_char_device() {
+                "a character device"
+            } else if t.is_block_device() {
+                "a block device"
+            } else {
+                "not a regular file"
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = meta;
+            "not a regular file"
+        }
+    };
+    format!(
+        "{what}: simulate reads only regular files (a stream could block or never end; \
+         save it to a file first)"
+    )
+}
+
+/// Read `file` whole, within [`MAX_FILE_BYTES`] and what is left of `total` (the bytes all
+/// files may still take, of [`MAX_TOTAL_BYTES`]).
+fn read(file: &Path, total: &mut u64) -> Result<String, ManifestError> {
+    let error = |message: String| file_error(file, message);
+    let handle = std::fs::File::open(file).map_err(|e| error(e.to_string()))?;
+    // Checked again on the open file: the path may have changed since the walk.
+    let meta = handle.metadata().map_err(|e| error(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(error(not_regular(&meta)));
+    }
+    let too_big = |size: u64| {
+        error(format!(
+            "the file is {size} bytes, more than simulate reads from one file ({} MiB); \
+             split it into several files",
+            MAX_FILE_BYTES >> 20
+        ))
+    };
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(too_big(meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    handle
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| error(e.to_string()))?;
+    let size = bytes.len() as u64;
+    if size > MAX_FILE_BYTES {
+        return Err(too_big(size));
+    }
+    match total.checked_sub(size) {
+        Some(left) => *total = left,
+        None => {
+            return Err(error(format!(
+                "the manifests add up to more than simulate reads in one run ({} MiB)",
+                MAX_TOTAL_BYTES >> 20
+            )));
+        }
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        error(format!(
+            "not UTF-8 text (invalid byte at offset {})",
+            e.utf8_error().valid_up_to()
+        ))
+    })
+}
+
+/// Read every document below `paths`.
+pub fn load(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
+    let files = files(paths)?;
     let mut manifests = Manifests::default();
+    let mut total = MAX_TOTAL_BYTES;
     for file in files {
-        let text = std::fs::read_to_string(&file).map_err(|e| ManifestError {
-            location: Source {
-                file: file.clone(),
-                document: 0,
-            },
-            object: None,
-            message: e.to_string(),
-        })?;
+        let text = read(&file, &mut total)?;
         parse_file(&file, &text, &mut manifests)?;
     }
     Ok(manifests)
 }
 
-/// Parse one file's documents into `into`.
+/// Parse one file's documents into `into`. Every document is measured against
+/// [`MAX_DOCUMENT_BYTES`] and [`MAX_DEPTH`] before any is parsed, and parsed within a
+/// budget of values, so no text makes this slow or large.
 pub fn parse_file(file: &Path, text: &str, into: &mut Manifests) -> Result<(), ManifestError> {
+    let documents = yaml::split_documents(text);
+    let at = |document: usize| Source {
+        file: file.to_path_buf(),
+        document,
+    };
+    let error = |document: usize, message: String| ManifestError {
+        location: at(document),
+        object: None,
+        message,
+    };
+    if documents.len() > MAX_DOCUMENTS_PER_FILE {
+        return Err(error(
+            0,
+            format!(
+                "{} documents, more than simulate reads from one file ({MAX_DOCUMENTS_PER_FILE})",
+                documents.len()
+            ),
+        ));
+    }
+    for (index, document) in documents.iter().enumerate() {
+        let size = document.range.len();
+        if size > MAX_DOCUMENT_BYTES {
+            return Err(error(
+                index + 1,
+                format!(
+                    "the document (from line {}) is {size} bytes, more than simulate parses \
+                     at once ({} MiB); split it into several documents",
+                    document.first_line,
+                    MAX_DOCUMENT_BYTES >> 20
+                ),
+            ));
+        }
+        if let Some(line) = yaml::flow_depth_exceeds(&text[document.range.clone()], MAX_DEPTH) {
+            return Err(error(
+                index + 1,
+                format!(
+                    "not valid YAML: mappings and sequences are nested more than {MAX_DEPTH} \
+                     levels deep at line {}",
+                    document.first_line + line - 1
+                ),
+            ));
+        }
+    }
     for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let index = index + 1;
-        let source = Source {
-            file: file.to_path_buf(),
-            document: index,
-        };
-        let value = serde_yaml::Value::deserialize(document).map_err(|e| ManifestError {
-            location: source.clone(),
-            object: None,
-            message: format!("not valid YAML: {e}"),
+        let source = at(index);
+        let size = documents
+            .get(index - 1)
+            .map_or(text.len(), |d| d.range.len());
+        let budget = yaml::Budget::for_document(size.min(MAX_DOCUMENT_BYTES));
+        let value = yaml::ValueSeed {
+            budget: &budget,
+            depth: 0,
+        }
+        .deserialize(document)
+        .map_err(|e| {
+            // A limit's own message, at the parser's position, without the parser's path of
+            // keys to the value.
+            let message = match (budget.failure(), e.location()) {
+                (Some(m), Some(at)) => format!("{m} at line {} column {}", at.line(), at.column()),
+                (Some(m), None) => m,
+                (None, _) => e.to_string(),
+            };
+            error(index, format!("not valid YAML: {message}"))
         })?;
         if value.is_null() {
             continue; // an empty document (`---` at the end)
         }
-        let value: Value = serde_json::to_value(&value).map_err(|e| ManifestError {
-            location: source.clone(),
-            object: None,
-            message: format!("not a Kubernetes object: {e}"),
-        })?;
         parse_object(value, &source, into)?;
     }
     Ok(())
@@ -297,7 +518,7 @@ fn parse_object(value: Value, source: &Source, into: &mut Manifests) -> Result<(
         e.object = Some(describe(&value));
         e
     })?;
-    if let Err(message) = validate(&object) {
+    if let Err(message) = validate::validate(&object) {
         return Err(error(message));
     }
     into.objects.push(Loaded {
@@ -305,66 +526,6 @@ fn parse_object(value: Value, source: &Source, into: &mut Manifests) -> Result<(
         object,
     });
     Ok(())
-}
-
-/// A DNS label (RFC 1123): what the API server requires of device and request names.
-fn is_dns_label(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
-}
-
-fn label(what: &str, path: &str, name: &str) -> Result<(), String> {
-    if is_dns_label(name) {
-        Ok(())
-    } else {
-        Err(format!(
-            "{path}: invalid {what} {name:?}: must be a DNS label (lower case letters, digits and \
-             '-', at most 63 characters, starting and ending with a letter or digit)"
-        ))
-    }
-}
-
-/// The checks of the API server's validation that most often catch a hand-written manifest:
-/// names the API server would reject are rejected here too, so `simulate` never places a
-/// workload on objects that could not exist.
-fn validate(object: &Object) -> Result<(), String> {
-    let claim_spec = |spec: Option<&k8s_openapi::api::resource::v1::ResourceClaimSpec>,
-                      path: &str|
-     -> Result<(), String> {
-        let requests = spec
-            .and_then(|s| s.devices.as_ref())
-            .and_then(|d| d.requests.as_ref());
-        for (i, r) in requests.into_iter().flatten().enumerate() {
-            label(
-                "request name",
-                &format!("{path}.devices.requests[{i}].name"),
-                &r.name,
-            )?;
-            for (j, sub) in r.first_available.iter().flatten().enumerate() {
-                let at = format!("{path}.devices.requests[{i}].firstAvailable[{j}].name");
-                label("subrequest name", &at, &sub.name)?;
-            }
-        }
-        Ok(())
-    };
-    match object {
-        Object::ResourceSlice(slice) => {
-            for (i, d) in slice.spec.devices.iter().flatten().enumerate() {
-                label("device name", &format!("spec.devices[{i}].name"), &d.name)?;
-            }
-            Ok(())
-        }
-        Object::ResourceClaim(c) => claim_spec(c.spec.as_ref(), "spec"),
-        Object::ResourceClaimTemplate(t) => {
-            claim_spec(t.spec.as_ref().and_then(|s| s.spec.as_ref()), "spec.spec")
-        }
-        _ => Ok(()),
-    }
 }
 
 /// Deserialize `value` as `T`, rejecting fields `T` does not have.
@@ -486,8 +647,8 @@ mod tests {
         .unwrap_err();
         assert!(
             err.to_string().starts_with(
-                "fleet.yaml (document 1): ResourceSlice s: spec.devices[1].name: invalid device \
-                 name \"gpu-0-mig-1g.5gb\": must be a DNS label"
+                "fleet.yaml (document 1): ResourceSlice s: spec.devices[1].name: invalid value \
+                 \"gpu-0-mig-1g.5gb\": must be a DNS label"
             ),
             "{err}"
         );

@@ -3,8 +3,11 @@
 //! which devices each claim would get.
 
 pub mod expand;
+pub mod limits;
 pub mod manifests;
 pub mod report;
+pub mod validate;
+mod yaml;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
