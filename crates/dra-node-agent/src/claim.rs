@@ -3,10 +3,14 @@
 //! caller reads the claim from the API server and performs the plan.
 
 use crate::cdi::{self, CdiDevice, ContainerEdits, DeviceNode};
-use crate::config::{Sharing, SharingStrategy, decode_gpu_config};
+use crate::config::{DeviceSelector, MpsConfig, Sharing, SharingStrategy, decode_gpu_config};
 use crate::device::{CONTROL_DEVICE_NODES, DeviceRef, Gpu, find_device};
+use crate::mps::MpsSettings;
+use crate::quantity::format_bytes;
+use crate::validate::{is_dns1123_label, is_dns1123_subdomain, is_uid};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// A claim as kubelet names it in a prepare/unprepare call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -14,6 +18,39 @@ pub struct ClaimRef {
     pub namespace: String,
     pub uid: String,
     pub name: String,
+}
+
+impl ClaimRef {
+    /// Checks what kubelet sent before any of it is used: the UID names the claim's CDI spec
+    /// file and MPS directory, the namespace and name go into an API path. The UID must be
+    /// an RFC 4122 UUID, the namespace a DNS-1123 label and the name a DNS-1123 subdomain,
+    /// as the API server itself requires; so none can hold `/`, `..` or a control character.
+    pub fn validate(&self) -> Result<(), String> {
+        if !is_dns1123_label(&self.namespace) {
+            return Err(format!(
+                "claim {:?}/{:?}: namespace {:?} is not a DNS-1123 label",
+                self.namespace, self.name, self.namespace
+            ));
+        }
+        if !is_dns1123_subdomain(&self.name) {
+            return Err(format!(
+                "claim {}/{:?}: name {:?} is not a DNS-1123 subdomain",
+                self.namespace, self.name, self.name
+            ));
+        }
+        self.validate_uid()
+    }
+
+    /// The UID part of [`ClaimRef::validate`], for unprepare, which uses nothing else.
+    pub fn validate_uid(&self) -> Result<(), String> {
+        if !is_uid(&self.uid) {
+            return Err(format!(
+                "claim {:?}/{:?}: UID {:?} is not an RFC 4122 UUID",
+                self.namespace, self.name, self.uid
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// One prepared device, as returned to kubelet (and kept in the checkpoint).
@@ -42,6 +79,8 @@ pub struct ClaimPlan {
     /// `None` when none of the claim's devices are this driver's on this node.
     pub spec: Option<cdi::Spec>,
     pub sharing: Vec<GpuSharing>,
+    /// The claim's MPS control daemon, when any of its GPUs is shared with MPS.
+    pub mps: Option<MpsSettings>,
 }
 
 /// Who we are, for deciding which results are ours.
@@ -80,6 +119,7 @@ pub fn plan_claim(
     want: &ClaimRef,
     ctx: &PlanContext<'_>,
 ) -> Result<ClaimPlan, String> {
+    want.validate()?;
     let id = format!("{}/{}", want.namespace, want.name);
     let uid = claim.metadata.uid.as_deref().unwrap_or_default();
     if uid != want.uid {
@@ -158,6 +198,8 @@ pub fn plan_claim(
     let mut cdi_devices = Vec::new();
     let mut sharing: Vec<GpuSharing> = Vec::new();
     let mut spec_env = Vec::new();
+    // (GPU minor, allocated device name) of every result, for naming devices in mpsConfig.
+    let mut allocated: Vec<(u32, &str)> = Vec::new();
     for r in results {
         if r.pool != ctx.node {
             return Err(format!(
@@ -178,6 +220,7 @@ pub fn plan_claim(
             .and_then(|(_, s)| s.clone());
 
         let parent = device.parent();
+        allocated.push((parent.minor, &r.device));
         let prefix = format!("DRA_GPU_{}", env_name(&r.device));
         let mut env = Vec::new();
         match &device {
@@ -243,6 +286,32 @@ pub fn plan_claim(
             share_id: r.share_id.clone(),
         });
     }
+    // One daemon per claim, on all of its MPS GPUs, with the config of the first; every MPS
+    // config of the claim is checked against those GPUs all the same.
+    let mps_gpus: Vec<MpsGpu<'_>> = sharing
+        .iter()
+        .filter(|s| s.sharing.strategy == SharingStrategy::Mps)
+        .map(|s| MpsGpu {
+            gpu: ctx
+                .gpus
+                .iter()
+                .find(|g| g.minor == s.minor)
+                .expect("planned from this inventory"),
+            devices: allocated
+                .iter()
+                .filter(|(minor, _)| *minor == s.minor)
+                .map(|(_, name)| *name)
+                .collect(),
+        })
+        .collect();
+    let mut mps = None;
+    for s in sharing
+        .iter()
+        .filter(|s| s.sharing.strategy == SharingStrategy::Mps)
+    {
+        let settings = mps_settings(&id, s.sharing.mps_config.as_ref(), &mps_gpus)?;
+        mps.get_or_insert(settings);
+    }
     spec_env.sort();
     spec_env.dedup();
     let spec = (!cdi_devices.is_empty()).then(|| cdi::Spec {
@@ -263,7 +332,84 @@ pub fn plan_claim(
         devices: prepared,
         spec,
         sharing,
+        mps,
     })
+}
+
+/// A GPU of a claim's MPS daemon and the claim's devices on it.
+struct MpsGpu<'a> {
+    gpu: &'a Gpu,
+    devices: Vec<&'a str>,
+}
+
+/// Resolves an `mpsConfig` against the GPUs of the claim's daemon: every per-device key must
+/// name one of them (by index, UUID or allocated device name), no GPU twice, and no limit
+/// may exceed the memory of the GPU it applies to.
+fn mps_settings(
+    id: &str,
+    config: Option<&MpsConfig>,
+    gpus: &[MpsGpu<'_>],
+) -> Result<MpsSettings, String> {
+    let mut settings = MpsSettings {
+        gpu_uuids: gpus.iter().map(|g| g.gpu.uuid.clone()).collect(),
+        ..Default::default()
+    };
+    let Some(config) = config else {
+        return Ok(settings);
+    };
+    let too_large = |field: &str, limit: &crate::config::MemoryLimit, gpu: &Gpu| {
+        (limit.bytes() > gpu.memory_bytes).then(|| {
+            format!(
+                "claim {id}: {field} {limit} is more than the {} of memory of GPU {}",
+                format_bytes(gpu.memory_bytes),
+                gpu.device_name()
+            )
+        })
+    };
+    if let Some(limit) = &config.default_pinned_device_memory_limit {
+        for g in gpus {
+            if let Some(e) = too_large("mpsConfig.defaultPinnedDeviceMemoryLimit", limit, g.gpu) {
+                return Err(e);
+            }
+        }
+    }
+    let mut keys: BTreeMap<usize, &DeviceSelector> = BTreeMap::new();
+    for (key, limit) in config
+        .default_per_device_pinned_memory_limit
+        .iter()
+        .flatten()
+    {
+        let field = "mpsConfig.defaultPerDevicePinnedMemoryLimit";
+        let index = match key {
+            DeviceSelector::Index(i) => (*i < gpus.len()).then_some(*i).ok_or_else(|| {
+                format!(
+                    "device index {i}, but the claim has {} GPU(s) shared with MPS",
+                    gpus.len()
+                )
+            }),
+            DeviceSelector::Uuid(uuid) => gpus
+                .iter()
+                .position(|g| g.gpu.uuid == *uuid)
+                .ok_or_else(|| "no GPU of the claim has this UUID".to_string()),
+            DeviceSelector::Name(name) => gpus
+                .iter()
+                .position(|g| g.devices.contains(&name.as_str()))
+                .ok_or_else(|| "no device of the claim shared with MPS has this name".to_string()),
+        }
+        .map_err(|cause| format!("claim {id}: {field} key \"{key}\": {cause}"))?;
+        if let Some(other) = keys.insert(index, key) {
+            return Err(format!(
+                "claim {id}: {field} keys \"{other}\" and \"{key}\" name the same GPU"
+            ));
+        }
+        if let Some(e) = too_large(&format!("{field}[{key}]"), limit, gpus[index].gpu) {
+            return Err(e);
+        }
+        settings.pinned_memory_limits.insert(index, limit.clone());
+    }
+    settings.active_thread_percentage = config.default_active_thread_percentage;
+    settings.default_pinned_memory_limit = config.default_pinned_device_memory_limit.clone();
+    Ok(settings)
 }
 
 #[cfg(test)]
@@ -278,6 +424,15 @@ pub(crate) mod tests {
     };
     use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
     use serde_json::json;
+
+    /// Claim UIDs as the API server writes them.
+    pub(crate) const U1: &str = "8a3f5c2e-0001-4b7d-9e21-5f6a7b8c9d01";
+    pub(crate) const U2: &str = "8a3f5c2e-0002-4b7d-9e21-5f6a7b8c9d02";
+    pub(crate) const U3: &str = "8a3f5c2e-0003-4b7d-9e21-5f6a7b8c9d03";
+    pub(crate) const U4: &str = "8a3f5c2e-0004-4b7d-9e21-5f6a7b8c9d04";
+    pub(crate) const U5: &str = "8a3f5c2e-0005-4b7d-9e21-5f6a7b8c9d05";
+    /// A UID nothing was prepared for.
+    pub(crate) const NOPE: &str = "8a3f5c2e-0000-4b7d-9e21-000000000000";
 
     pub(crate) fn gpus(profile: &str) -> Vec<Gpu> {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -376,8 +531,8 @@ pub(crate) mod tests {
     fn plans_cdi_spec_with_device_nodes_env_and_ids() {
         let g = gpus("8x-h100-80gb-2numa-2nic.yaml");
         let plan = plan_claim(
-            &claim("u1", "node-a", &[("gpu", "gpu-3"), ("gpu", "gpu-4")]),
-            &want("u1"),
+            &claim(U1, "node-a", &[("gpu", "gpu-3"), ("gpu", "gpu-4")]),
+            &want(U1),
             &ctx(&g),
         )
         .unwrap();
@@ -387,13 +542,13 @@ pub(crate) mod tests {
                 request_names: vec!["gpu".into()],
                 pool_name: "node-a".into(),
                 device_name: "gpu-3".into(),
-                cdi_device_ids: vec!["k8s.gpu.nvidia.com/claim=u1-gpu-3".into()],
+                cdi_device_ids: vec![format!("k8s.gpu.nvidia.com/claim={U1}-gpu-3")],
                 share_id: None,
             }
         );
         let spec = plan.spec.unwrap();
         assert_eq!(spec.kind, "k8s.gpu.nvidia.com/claim");
-        assert_eq!(spec.devices[1].name, "u1-gpu-4");
+        assert_eq!(spec.devices[1].name, format!("{U1}-gpu-4"));
         assert_eq!(
             spec.devices[1].container_edits.device_nodes,
             vec![DeviceNode {
@@ -421,24 +576,26 @@ pub(crate) mod tests {
     fn uid_mismatch_unallocated_and_other_node_are_errors() {
         let g = gpus("8x-h100-80gb-2numa-2nic.yaml");
         let e = plan_claim(
-            &claim("u2", "node-a", &[("gpu", "gpu-0")]),
-            &want("u1"),
+            &claim(U2, "node-a", &[("gpu", "gpu-0")]),
+            &want(U1),
             &ctx(&g),
         )
         .unwrap_err();
         assert_eq!(
             e,
-            "claim ns/c1 has UID u2 in the API server, kubelet asked for u1: it was deleted and recreated"
+            format!(
+                "claim ns/c1 has UID {U2} in the API server, kubelet asked for {U1}: it was deleted and recreated"
+            )
         );
-        let mut c = claim("u1", "node-a", &[]);
+        let mut c = claim(U1, "node-a", &[]);
         c.status = None;
         assert_eq!(
-            plan_claim(&c, &want("u1"), &ctx(&g)).unwrap_err(),
+            plan_claim(&c, &want(U1), &ctx(&g)).unwrap_err(),
             "claim ns/c1 is not allocated"
         );
         let e = plan_claim(
-            &claim("u1", "node-b", &[("gpu", "gpu-0")]),
-            &want("u1"),
+            &claim(U1, "node-b", &[("gpu", "gpu-0")]),
+            &want(U1),
             &ctx(&g),
         )
         .unwrap_err();
@@ -447,8 +604,8 @@ pub(crate) mod tests {
             "claim ns/c1 is allocated to node node-b, not to this node node-a"
         );
         let e = plan_claim(
-            &claim("u1", "node-a", &[("gpu", "gpu-9")]),
-            &want("u1"),
+            &claim(U1, "node-a", &[("gpu", "gpu-9")]),
+            &want(U1),
             &ctx(&g),
         )
         .unwrap_err();
@@ -458,7 +615,7 @@ pub(crate) mod tests {
     #[test]
     fn other_drivers_results_are_ignored() {
         let g = gpus("8x-h100-80gb-2numa-2nic.yaml");
-        let mut c = claim("u1", "node-a", &[("nic", "eth0")]);
+        let mut c = claim(U1, "node-a", &[("nic", "eth0")]);
         c.status
             .as_mut()
             .unwrap()
@@ -472,7 +629,7 @@ pub(crate) mod tests {
             .as_mut()
             .unwrap()[0]
             .driver = "net.example.com".into();
-        let plan = plan_claim(&c, &want("u1"), &ctx(&g)).unwrap();
+        let plan = plan_claim(&c, &want(U1), &ctx(&g)).unwrap();
         assert!(plan.devices.is_empty() && plan.spec.is_none());
     }
 
@@ -480,10 +637,10 @@ pub(crate) mod tests {
     fn claim_config_overrides_class_config_per_request() {
         let g = gpus("8x-h100-80gb-2numa-2nic.yaml");
         let ts = |i: &str| json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": i}}});
-        let c = claim("u1", "node-a", &[("a", "gpu-0"), ("b/small", "gpu-1")]);
+        let c = claim(U1, "node-a", &[("a", "gpu-0"), ("b/small", "gpu-1")]);
         let c = with_config(c, "FromClass", &[], ts("Short"));
         let c = with_config(c, "FromClaim", &["b"], ts("Long"));
-        let plan = plan_claim(&c, &want("u1"), &ctx(&g)).unwrap();
+        let plan = plan_claim(&c, &want(U1), &ctx(&g)).unwrap();
         let interval = |m: u32| {
             plan.sharing
                 .iter()
@@ -508,12 +665,12 @@ pub(crate) mod tests {
     fn malformed_config_is_an_error_for_the_claim() {
         let g = gpus("8x-h100-80gb-2numa-2nic.yaml");
         let c = with_config(
-            claim("u1", "node-a", &[("gpu", "gpu-0")]),
+            claim(U1, "node-a", &[("gpu", "gpu-0")]),
             "FromClaim",
             &["gpu"],
             json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "bogus": 1}}),
         );
-        let e = plan_claim(&c, &want("u1"), &ctx(&g)).unwrap_err();
+        let e = plan_claim(&c, &want(U1), &ctx(&g)).unwrap_err();
         assert!(e.starts_with("claim ns/c1: FromClaim config for requests [gpu]: invalid GpuConfig: unknown field `bogus`"), "{e}");
     }
 
@@ -521,12 +678,12 @@ pub(crate) mod tests {
     fn mig_device_gets_parent_node_and_profile_env() {
         let g = gpus("4x-a100-40gb-mig.yaml");
         let c = with_config(
-            claim("u1", "node-a", &[("mig", "gpu-2-mig-1g5gb-19-3")]),
+            claim(U1, "node-a", &[("mig", "gpu-2-mig-1g5gb-19-3")]),
             "FromClaim",
             &[],
             json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 25}}}),
         );
-        let plan = plan_claim(&c, &want("u1"), &ctx(&g)).unwrap();
+        let plan = plan_claim(&c, &want(U1), &ctx(&g)).unwrap();
         let spec = plan.spec.unwrap();
         assert_eq!(
             spec.devices[0].container_edits.device_nodes[0].path,
@@ -540,7 +697,7 @@ pub(crate) mod tests {
         assert!(
             spec.container_edits
                 .env
-                .contains(&"CUDA_MPS_PIPE_DIRECTORY=/run/mps/u1/pipe".to_string())
+                .contains(&format!("CUDA_MPS_PIPE_DIRECTORY=/run/mps/{U1}/pipe"))
         );
         assert!(
             spec.container_edits
@@ -548,5 +705,122 @@ pub(crate) mod tests {
                 .contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25".to_string())
         );
         assert_eq!(plan.sharing[0].minor, 2);
+    }
+
+    fn mps_config(config: serde_json::Value) -> serde_json::Value {
+        json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+               "sharing": {"strategy": "MPS", "mpsConfig": config}})
+    }
+
+    #[test]
+    fn the_mps_daemon_settings_resolve_keys_to_the_claims_gpus() {
+        let g = gpus("8x-h100-80gb-2numa-2nic.yaml");
+        let c = with_config(
+            claim(U1, "node-a", &[("gpu", "gpu-3"), ("gpu", "gpu-4")]),
+            "FromClaim",
+            &[],
+            mps_config(json!({
+                "defaultActiveThreadPercentage": 30,
+                "defaultPinnedDeviceMemoryLimit": "8Gi",
+                "defaultPerDevicePinnedMemoryLimit": {"1": "2Gi", g[3].uuid.clone(): "4Gi"},
+            })),
+        );
+        let plan = plan_claim(&c, &want(U1), &ctx(&g)).unwrap();
+        let limit = |t: &str| crate::config::MemoryLimit::parse(t).unwrap();
+        assert_eq!(
+            plan.mps.unwrap(),
+            MpsSettings {
+                gpu_uuids: vec![g[3].uuid.clone(), g[4].uuid.clone()],
+                active_thread_percentage: crate::config::Percentage::new(30),
+                default_pinned_memory_limit: Some(limit("8Gi")),
+                pinned_memory_limits: [(0, limit("4Gi")), (1, limit("2Gi"))].into(),
+            }
+        );
+        // Without MPS there is no daemon.
+        let plain = plan_claim(
+            &claim(U1, "node-a", &[("gpu", "gpu-3")]),
+            &want(U1),
+            &ctx(&g),
+        );
+        assert_eq!(plain.unwrap().mps, None);
+    }
+
+    #[test]
+    fn a_mig_partition_is_named_in_mps_config_by_its_device_name() {
+        let g = gpus("4x-a100-40gb-mig.yaml");
+        let with = |key: &str| {
+            with_config(
+                claim(U1, "node-a", &[("mig", "gpu-2-mig-1g5gb-19-3")]),
+                "FromClaim",
+                &[],
+                mps_config(json!({"defaultPerDevicePinnedMemoryLimit": {key: "1Gi"}})),
+            )
+        };
+        let plan = plan_claim(&with("gpu-2-mig-1g5gb-19-3"), &want(U1), &ctx(&g)).unwrap();
+        let mps = plan.mps.unwrap();
+        assert_eq!(mps.gpu_uuids, [g[2].uuid.clone()]);
+        assert_eq!(mps.pinned_memory_limits[&0].bytes(), 1 << 30);
+        // The parent GPU is not a device of the claim.
+        let e = plan_claim(&with("gpu-2"), &want(U1), &ctx(&g)).unwrap_err();
+        assert_eq!(
+            e,
+            "claim ns/c1: mpsConfig.defaultPerDevicePinnedMemoryLimit key \"gpu-2\": no device of the claim shared with MPS has this name"
+        );
+    }
+
+    #[test]
+    fn every_mps_config_of_a_claim_is_checked_not_only_the_one_used() {
+        let g = gpus("8x-h100-80gb-2numa-2nic.yaml");
+        let c = claim(U1, "node-a", &[("a", "gpu-3"), ("b", "gpu-4")]);
+        let c = with_config(c, "FromClaim", &["a"], mps_config(json!({})));
+        let c = with_config(
+            c,
+            "FromClaim",
+            &["b"],
+            mps_config(json!({"defaultPerDevicePinnedMemoryLimit": {"2": "1Gi"}})),
+        );
+        let e = plan_claim(&c, &want(U1), &ctx(&g)).unwrap_err();
+        assert_eq!(
+            e,
+            "claim ns/c1: mpsConfig.defaultPerDevicePinnedMemoryLimit key \"2\": device index 2, but the claim has 2 GPU(s) shared with MPS"
+        );
+    }
+
+    #[test]
+    fn claim_references_must_be_names_and_a_uid_the_api_server_could_write() {
+        let g = gpus("8x-h100-80gb-2numa-2nic.yaml");
+        let c = claim(U1, "node-a", &[("gpu", "gpu-0")]);
+        let plan = |namespace: &str, uid: &str, name: &str| {
+            plan_claim(
+                &c,
+                &ClaimRef {
+                    namespace: namespace.into(),
+                    uid: uid.into(),
+                    name: name.into(),
+                },
+                &ctx(&g),
+            )
+            .unwrap_err()
+        };
+        assert_eq!(
+            plan("ns", "../../etc", "c1"),
+            "claim \"ns\"/\"c1\": UID \"../../etc\" is not an RFC 4122 UUID"
+        );
+        assert_eq!(
+            plan("ns", "u1", "c1"),
+            "claim \"ns\"/\"c1\": UID \"u1\" is not an RFC 4122 UUID"
+        );
+        assert_eq!(
+            plan("ns", U1, "c1/../../x"),
+            "claim ns/\"c1/../../x\": name \"c1/../../x\" is not a DNS-1123 subdomain"
+        );
+        assert_eq!(
+            plan("ns", U1, "c1\nx"),
+            "claim ns/\"c1\\nx\": name \"c1\\nx\" is not a DNS-1123 subdomain"
+        );
+        assert_eq!(
+            plan("kube-system/..", U1, "c1"),
+            "claim \"kube-system/..\"/\"c1\": namespace \"kube-system/..\" is not a DNS-1123 label"
+        );
     }
 }

@@ -11,7 +11,9 @@
 //! - [`slices`] turns GPUs (+ [`health::HealthState`] taints) into the ResourceSlices of the
 //!   node's pool. Pure. [`publisher::Publisher`] reconciles them with the API server.
 //! - [`claim::plan_claim`] decides what preparing an allocated claim means (devices, CDI
-//!   spec, sharing from the strict [`config::GpuConfig`]). Pure.
+//!   spec, sharing from the strict [`config::GpuConfig`], the claim's [`mps::MpsSettings`]).
+//!   Pure. What kubelet and the claim provide is checked before it reaches a path or a
+//!   process ([`validate`], [`quantity`]).
 //!   [`prepare::Preparer`] carries plans out and keeps the [`checkpoint`].
 //! - [`plugin`] serves kubelet's registration and `DRAPlugin` (v1 and v1beta1) gRPC services
 //!   on Unix sockets; [`metrics`] serves `/metrics` and `/healthz`.

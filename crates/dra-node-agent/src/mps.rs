@@ -7,7 +7,24 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::config::MpsConfig;
+use std::collections::BTreeMap;
+
+use crate::config::{MemoryLimit, Percentage};
+
+/// What a claim's daemon is started with: its GPUs and its MPS defaults, resolved and
+/// checked against the claim's allocation by [`crate::claim::plan_claim`]. Only typed
+/// values: the control commands are formatted from them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MpsSettings {
+    /// The GPUs the daemon may use (from discovery), in `CUDA_VISIBLE_DEVICES` order; the
+    /// device indexes below are positions in this list.
+    pub gpu_uuids: Vec<String>,
+    pub active_thread_percentage: Option<Percentage>,
+    /// Applies to every device.
+    pub default_pinned_memory_limit: Option<MemoryLimit>,
+    /// Overrides of the default, by device index.
+    pub pinned_memory_limits: BTreeMap<usize, MemoryLimit>,
+}
 
 /// Runs `nvidia-cuda-mps-control` (or a stand-in, in tests).
 #[derive(Debug, Clone)]
@@ -52,24 +69,24 @@ impl MpsControl {
         }
     }
 
-    /// Start the claim's daemon on `gpu_uuids` and apply the claim's MPS defaults.
-    pub fn start(
-        &self,
-        dir: &Path,
-        gpu_uuids: &[String],
-        config: Option<&MpsConfig>,
-    ) -> Result<(), String> {
+    /// Start the claim's daemon on its GPUs and apply its MPS defaults. On failure nothing
+    /// is left behind: a daemon that started is told to quit and the directories are removed.
+    pub fn start(&self, dir: &Path, settings: &MpsSettings) -> Result<(), String> {
         for sub in ["pipe", "log"] {
-            std::fs::create_dir_all(dir.join(sub))
-                .map_err(|e| format!("creating {}: {e}", dir.join(sub).display()))?;
+            if let Err(e) = std::fs::create_dir_all(dir.join(sub)) {
+                let _ = std::fs::remove_dir_all(dir);
+                return Err(format!("creating {}: {e}", dir.join(sub).display()));
+            }
         }
         let mut daemon = self.command(dir);
         daemon
             .arg("-d")
-            .env("CUDA_VISIBLE_DEVICES", gpu_uuids.join(","));
-        self.run(daemon, None)
-            .map_err(|e| format!("starting the MPS control daemon: {e}"))?;
-        let commands = commands(gpu_uuids.len(), config);
+            .env("CUDA_VISIBLE_DEVICES", settings.gpu_uuids.join(","));
+        if let Err(e) = self.run(daemon, None) {
+            let _ = std::fs::remove_dir_all(dir);
+            return Err(format!("starting the MPS control daemon: {e}"));
+        }
+        let commands = commands(settings);
         if !commands.is_empty()
             && let Err(e) = self.run(self.command(dir), Some(&commands))
         {
@@ -90,29 +107,25 @@ impl MpsControl {
     }
 }
 
-/// The control commands for a claim's MPS defaults, one per line.
-fn commands(devices: usize, config: Option<&MpsConfig>) -> String {
+/// The control commands for a claim's MPS defaults, one per line: the thread percentage,
+/// the default pinned-memory limit on every device, then the per-device overrides.
+fn commands(settings: &MpsSettings) -> String {
     let mut out = String::new();
-    let Some(config) = config else {
-        return out;
-    };
-    if let Some(p) = config.default_active_thread_percentage {
+    if let Some(p) = settings.active_thread_percentage {
         out.push_str(&format!("set_default_active_thread_percentage {p}\n"));
     }
-    if let Some(limit) = &config.default_pinned_device_memory_limit {
-        for device in 0..devices {
+    if let Some(limit) = &settings.default_pinned_memory_limit {
+        for device in 0..settings.gpu_uuids.len() {
             out.push_str(&format!(
-                "set_default_device_pinned_mem_limit {device} {limit}\n"
+                "set_default_device_pinned_mem_limit {device} {}\n",
+                limit.mps_value()
             ));
         }
     }
-    for (device, limit) in config
-        .default_per_device_pinned_memory_limit
-        .iter()
-        .flatten()
-    {
+    for (device, limit) in &settings.pinned_memory_limits {
         out.push_str(&format!(
-            "set_default_device_pinned_mem_limit {device} {limit}\n"
+            "set_default_device_pinned_mem_limit {device} {}\n",
+            limit.mps_value()
         ));
     }
     out
@@ -122,20 +135,39 @@ fn commands(devices: usize, config: Option<&MpsConfig>) -> String {
 mod tests {
     use super::*;
 
+    fn limit(text: &str) -> MemoryLimit {
+        MemoryLimit::parse(text).unwrap()
+    }
+
     #[test]
-    fn defaults_become_control_commands() {
-        let config = MpsConfig {
-            default_active_thread_percentage: Some(50),
-            default_pinned_device_memory_limit: Some("10G".into()),
-            default_per_device_pinned_memory_limit: Some([("1".into(), "4G".into())].into()),
+    fn defaults_become_control_commands_in_mebibytes() {
+        let settings = MpsSettings {
+            gpu_uuids: vec!["GPU-a".into(), "GPU-b".into()],
+            active_thread_percentage: Percentage::new(50),
+            default_pinned_memory_limit: Some(limit("10Gi")),
+            pinned_memory_limits: [(1, limit("4096Mi"))].into(),
         };
         assert_eq!(
-            commands(2, Some(&config)),
+            commands(&settings),
             "set_default_active_thread_percentage 50\n\
-             set_default_device_pinned_mem_limit 0 10G\n\
-             set_default_device_pinned_mem_limit 1 10G\n\
-             set_default_device_pinned_mem_limit 1 4G\n"
+             set_default_device_pinned_mem_limit 0 10240M\n\
+             set_default_device_pinned_mem_limit 1 10240M\n\
+             set_default_device_pinned_mem_limit 1 4096M\n"
         );
-        assert_eq!(commands(2, None), "");
+        assert_eq!(commands(&MpsSettings::default()), "");
+    }
+
+    #[test]
+    fn a_decimal_quantity_is_rounded_down_to_whole_mebibytes() {
+        // 10G = 10^10 bytes = 9536.7 MiB: the limit is never raised.
+        let settings = MpsSettings {
+            gpu_uuids: vec!["GPU-a".into()],
+            default_pinned_memory_limit: Some(limit("10G")),
+            ..Default::default()
+        };
+        assert_eq!(
+            commands(&settings),
+            "set_default_device_pinned_mem_limit 0 9536M\n"
+        );
     }
 }

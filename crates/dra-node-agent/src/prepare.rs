@@ -171,11 +171,12 @@ impl Preparer {
                 }
             }
             match &r {
+                // Debug-quoted: what kubelet sent may not have been valid.
                 Ok(d) => {
-                    tracing::info!(claim = %format!("{}/{}", c.namespace, c.name), uid = %c.uid, devices = d.len(), "prepared")
+                    tracing::info!(namespace = ?c.namespace, name = ?c.name, uid = ?c.uid, devices = d.len(), "prepared")
                 }
                 Err(e) => {
-                    tracing::warn!(claim = %format!("{}/{}", c.namespace, c.name), uid = %c.uid, error = %e, "prepare failed")
+                    tracing::warn!(namespace = ?c.namespace, name = ?c.name, uid = ?c.uid, error = %e, "prepare failed")
                 }
             }
             out.insert(c.uid.clone(), r);
@@ -188,6 +189,8 @@ impl Preparer {
         state: &mut CheckpointData,
         c: &ClaimRef,
     ) -> Result<Vec<PreparedDevice>, String> {
+        // The UID names files and directories below, the namespace and name an API path.
+        c.validate()?;
         if let Some(entry) = state.claims.get(&c.uid)
             && entry.state == ClaimState::Prepared
         {
@@ -288,29 +291,13 @@ impl Preparer {
                 .apply_sharing(gpu, &s.sharing)
                 .map_err(|e| e.to_string())?;
         }
-        let mps: Vec<&crate::claim::GpuSharing> = plan
-            .sharing
-            .iter()
-            .filter(|s| s.sharing.strategy == crate::config::SharingStrategy::Mps)
-            .collect();
-        if let Some(first) = mps.first() {
+        if let Some(settings) = &plan.mps {
             match &self.cfg.mps_control {
-                Some(binary) => {
-                    let uuids: Vec<String> = mps
-                        .iter()
-                        .filter_map(|s| gpus.iter().find(|g| g.minor == s.minor))
-                        .map(|g| g.uuid.clone())
-                        .collect();
-                    crate::mps::MpsControl {
-                        binary: binary.clone(),
-                    }
-                    .start(
-                        &self.cfg.mps_dir.join(&c.uid),
-                        &uuids,
-                        first.sharing.mps_config.as_ref(),
-                    )
-                    .map_err(|e| format!("claim {}/{}: {e}", c.namespace, c.name))?;
+                Some(binary) => crate::mps::MpsControl {
+                    binary: binary.clone(),
                 }
+                .start(&self.cfg.mps_dir.join(&c.uid), settings)
+                .map_err(|e| format!("claim {}/{}: {e}", c.namespace, c.name))?,
                 None => tracing::warn!(
                     uid = %c.uid,
                     "MPS requested, but no MPS control binary is configured: the CDI spec carries the MPS environment only"
@@ -340,8 +327,8 @@ impl Preparer {
                 }
             }
             match &r {
-                Ok(()) => tracing::info!(uid = %c.uid, "unprepared"),
-                Err(e) => tracing::warn!(uid = %c.uid, error = %e, "unprepare failed"),
+                Ok(()) => tracing::info!(uid = ?c.uid, "unprepared"),
+                Err(e) => tracing::warn!(uid = ?c.uid, error = %e, "unprepare failed"),
             }
             out.insert(c.uid.clone(), r);
         }
@@ -349,6 +336,8 @@ impl Preparer {
     }
 
     fn unprepare_one(&self, state: &mut CheckpointData, c: &ClaimRef) -> Result<(), String> {
+        // The UID names the CDI spec file and the MPS directory removed below.
+        c.validate_uid()?;
         let Some(entry) = state.claims.get(&c.uid).cloned() else {
             cdi::remove_spec(&self.cfg.cdi_dir, &self.kind, &c.uid)
                 .map_err(|e| format!("removing CDI spec: {e}"))?;
@@ -406,7 +395,7 @@ impl Preparer {
 mod tests {
     use super::*;
     use crate::backend::fake::{FakeBackend, Profile};
-    use crate::claim::tests::{claim, gpus, with_config};
+    use crate::claim::tests::{NOPE, U1, U2, U3, U4, U5, claim, gpus, with_config};
     use crate::config::{SharingStrategy, TimeSliceInterval};
     use serde_json::json;
 
@@ -478,74 +467,77 @@ mod tests {
     #[tokio::test]
     async fn prepare_writes_spec_and_is_idempotent_without_reading_the_claim_again() {
         let rig = Rig::new();
-        rig.add("a", claim("u1", "node-a", &[("gpu", "gpu-1")]));
+        rig.add("a", claim(U1, "node-a", &[("gpu", "gpu-1")]));
         let (p, rec) = rig.open("b1");
         assert_eq!(rec, Recovery::Fresh);
-        let first = p.prepare(&[r("u1", "a")]).await;
-        let devices = first["u1"].as_ref().unwrap();
+        let first = p.prepare(&[r(U1, "a")]).await;
+        let devices = first[U1].as_ref().unwrap();
         assert_eq!(
             devices[0].cdi_device_ids,
-            ["k8s.gpu.nvidia.com/claim=u1-gpu-1"]
+            [format!("k8s.gpu.nvidia.com/claim={U1}-gpu-1")]
         );
-        let file = rig.dir.path().join("cdi/k8s.gpu.nvidia.com_claim_u1.json");
+        let file = rig
+            .dir
+            .path()
+            .join(format!("cdi/k8s.gpu.nvidia.com_claim_{U1}.json"));
         let spec: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
-        assert_eq!(spec["devices"][0]["name"], "u1-gpu-1");
+        assert_eq!(spec["devices"][0]["name"], format!("{U1}-gpu-1"));
         assert_eq!(
             spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"],
             "/dev/nvidia1"
         );
         // The claim vanishing from the API does not matter: the checkpoint answers.
         rig.claims.lock().unwrap().clear();
-        let second = p.prepare(&[r("u1", "a")]).await;
+        let second = p.prepare(&[r(U1, "a")]).await;
         assert_eq!(first, second);
     }
 
     #[tokio::test]
     async fn errors_are_per_claim() {
         let rig = Rig::new();
-        rig.add("good", claim("u1", "node-a", &[("gpu", "gpu-0")]));
-        let mut unallocated = claim("u2", "node-a", &[]);
+        rig.add("good", claim(U1, "node-a", &[("gpu", "gpu-0")]));
+        let mut unallocated = claim(U2, "node-a", &[]);
         unallocated.status = None;
         rig.add("unallocated", unallocated);
-        rig.add("elsewhere", claim("u3", "node-b", &[("gpu", "gpu-0")]));
+        rig.add("elsewhere", claim(U3, "node-b", &[("gpu", "gpu-0")]));
         rig.add(
             "badconfig",
-            with_config(claim("u4", "node-a", &[("gpu", "gpu-2")]), "FromClaim", &[], json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "extra": true})),
+            with_config(claim(U4, "node-a", &[("gpu", "gpu-2")]), "FromClaim", &[], json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "extra": true})),
         );
         let (p, _) = rig.open("b1");
         let out = p
             .prepare(&[
-                r("u1", "good"),
-                r("u2", "unallocated"),
-                r("u3", "elsewhere"),
-                r("u4", "badconfig"),
-                r("u5", "missing"),
+                r(U1, "good"),
+                r(U2, "unallocated"),
+                r(U3, "elsewhere"),
+                r(U4, "badconfig"),
+                r(U5, "missing"),
             ])
             .await;
-        assert!(out["u1"].is_ok());
+        assert!(out[U1].is_ok());
         assert_eq!(
-            out["u2"].as_ref().unwrap_err(),
+            out[U2].as_ref().unwrap_err(),
             "claim ns/unallocated is not allocated"
         );
         assert_eq!(
-            out["u3"].as_ref().unwrap_err(),
+            out[U3].as_ref().unwrap_err(),
             "claim ns/elsewhere is allocated to node node-b, not to this node node-a"
         );
         assert!(
-            out["u4"]
+            out[U4]
                 .as_ref()
                 .unwrap_err()
                 .contains("unknown field `extra`")
         );
         assert_eq!(
-            out["u5"].as_ref().unwrap_err(),
+            out[U5].as_ref().unwrap_err(),
             "reading claim ns/missing: not found"
         );
-        assert_eq!(rig.spec_files(), ["u1"]);
+        assert_eq!(rig.spec_files(), [U1]);
         assert_eq!(
             p.checkpointed().await.claims.keys().collect::<Vec<_>>(),
-            ["u1"]
+            [U1]
         );
     }
 
@@ -554,17 +546,17 @@ mod tests {
         let rig = Rig::new();
         rig.add(
             "ts",
-            with_config(claim("u1", "node-a", &[("gpu", "gpu-6")]), "FromClaim", &[], json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Medium"}}})),
+            with_config(claim(U1, "node-a", &[("gpu", "gpu-6")]), "FromClaim", &[], json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Medium"}}})),
         );
         let (p, _) = rig.open("b1");
-        assert!(p.prepare(&[r("u1", "ts")]).await["u1"].is_ok());
+        assert!(p.prepare(&[r(U1, "ts")]).await[U1].is_ok());
         let s = &rig.backend.sharing()[&6];
         assert_eq!(s.strategy, SharingStrategy::TimeSlicing);
         assert_eq!(
             s.time_slicing_config.as_ref().unwrap().interval,
             TimeSliceInterval::Medium
         );
-        let out = p.unprepare(&[r("u1", "ts"), r("nope", "x")]).await;
+        let out = p.unprepare(&[r(U1, "ts"), r(NOPE, "x")]).await;
         assert!(out.values().all(|r| r.is_ok()));
         assert!(rig.backend.sharing().is_empty());
         assert!(rig.spec_files().is_empty());
@@ -574,48 +566,48 @@ mod tests {
     #[tokio::test]
     async fn restart_keeps_answers_and_crash_mid_prepare_is_redone() {
         let rig = Rig::new();
-        rig.add("a", claim("u1", "node-a", &[("gpu", "gpu-1")]));
-        rig.add("b", claim("u2", "node-a", &[("gpu", "gpu-2")]));
+        rig.add("a", claim(U1, "node-a", &[("gpu", "gpu-1")]));
+        rig.add("b", claim(U2, "node-a", &[("gpu", "gpu-2")]));
         let first = {
             let (p, _) = rig.open("b1");
-            p.prepare(&[r("u1", "a")]).await
+            p.prepare(&[r(U1, "a")]).await
         };
         // Simulate a crash after "PrepareStarted" was recorded for u2.
         let mut data = match checkpoint::load(&rig.cfg("b1").checkpoint_path, "b1") {
             Loaded::Valid(d) => d,
             other => panic!("{other:?}"),
         };
-        let mut started = data.claims["u1"].clone();
+        let mut started = data.claims[U1].clone();
         started.state = ClaimState::PrepareStarted;
         started.name = "b".into();
         started.devices[0].device_name = "stale".into();
-        data.claims.insert("u2".into(), started);
+        data.claims.insert(U2.into(), started);
         checkpoint::store(&rig.cfg("b1").checkpoint_path, "b1", &data).unwrap();
 
         let (p, rec) = rig.open("b1");
         assert_eq!(rec, Recovery::Resumed { claims: 2 });
-        assert_eq!(p.prepare(&[r("u1", "a")]).await, first);
-        let redone = p.prepare(&[r("u2", "b")]).await;
-        assert_eq!(redone["u2"].as_ref().unwrap()[0].device_name, "gpu-2");
-        assert_eq!(rig.spec_files(), ["u1", "u2"]);
+        assert_eq!(p.prepare(&[r(U1, "a")]).await, first);
+        let redone = p.prepare(&[r(U2, "b")]).await;
+        assert_eq!(redone[U2].as_ref().unwrap()[0].device_name, "gpu-2");
+        assert_eq!(rig.spec_files(), [U1, U2]);
     }
 
     #[tokio::test]
     async fn reboot_and_corruption_drop_claims_and_stale_specs() {
         let rig = Rig::new();
-        rig.add("a", claim("u1", "node-a", &[("gpu", "gpu-1")]));
+        rig.add("a", claim(U1, "node-a", &[("gpu", "gpu-1")]));
         {
             let (p, _) = rig.open("b1");
-            p.prepare(&[r("u1", "a")]).await;
+            p.prepare(&[r(U1, "a")]).await;
         }
-        assert_eq!(rig.spec_files(), ["u1"]);
+        assert_eq!(rig.spec_files(), [U1]);
         let (_, rec) = rig.open("b2");
         assert_eq!(rec, Recovery::Rebooted { dropped: 1 });
         assert!(rig.spec_files().is_empty());
 
         {
             let (p, _) = rig.open("b2");
-            p.prepare(&[r("u1", "a")]).await;
+            p.prepare(&[r(U1, "a")]).await;
         }
         let path = rig.cfg("b2").checkpoint_path;
         std::fs::write(&path, b"{ garbage").unwrap();
@@ -629,8 +621,8 @@ mod tests {
         }
         assert!(rig.spec_files().is_empty(), "no stale CDI spec left behind");
         // And the agent works again: prepare re-reads the claim.
-        assert!(p.prepare(&[r("u1", "a")]).await["u1"].is_ok());
-        assert_eq!(rig.spec_files(), ["u1"]);
+        assert!(p.prepare(&[r(U1, "a")]).await[U1].is_ok());
+        assert_eq!(rig.spec_files(), [U1]);
     }
 
     /// A backend that cannot create MIG instances (the trait's default).
@@ -668,9 +660,9 @@ mod tests {
         *rig.inventory.write().unwrap() = g.clone();
         rig.add(
             "mig",
-            claim("u1", "node-a", &[("mig", "gpu-1-mig-3g20gb-9-4")]),
+            claim(U1, "node-a", &[("mig", "gpu-1-mig-3g20gb-9-4")]),
         );
-        rig.add("whole", claim("u2", "node-a", &[("gpu", "gpu-2")]));
+        rig.add("whole", claim(U2, "node-a", &[("gpu", "gpu-2")]));
         let (p, _) = Preparer::open(
             rig.cfg("b1"),
             Arc::new(NoMig(rig.backend.clone())),
@@ -679,13 +671,13 @@ mod tests {
             None,
         )
         .unwrap();
-        let out = p.prepare(&[r("u1", "mig"), r("u2", "whole")]).await;
+        let out = p.prepare(&[r(U1, "mig"), r(U2, "whole")]).await;
         assert_eq!(
-            out["u1"].as_ref().unwrap_err(),
+            out[U1].as_ref().unwrap_err(),
             "claim ns/mig: device gpu-1-mig-3g20gb-9-4: MIG on GPU 1: the nvml backend cannot create MIG instances"
         );
-        assert!(out["u2"].is_ok());
-        assert_eq!(rig.spec_files(), ["u2"]);
+        assert!(out[U2].is_ok());
+        assert_eq!(rig.spec_files(), [U2]);
     }
 
     #[tokio::test]
@@ -694,23 +686,23 @@ mod tests {
         *rig.inventory.write().unwrap() = gpus("4x-a100-40gb-mig.yaml");
         rig.add(
             "big",
-            claim("u1", "node-a", &[("mig", "gpu-1-mig-3g20gb-9-4")]),
+            claim(U1, "node-a", &[("mig", "gpu-1-mig-3g20gb-9-4")]),
         );
         // Memory slices 4..6 of GPU 1: inside the partition above.
         rig.add(
             "overlap",
-            claim("u2", "node-a", &[("mig", "gpu-1-mig-2g10gb-14-4")]),
+            claim(U2, "node-a", &[("mig", "gpu-1-mig-2g10gb-14-4")]),
         );
         rig.add(
             "small",
-            claim("u3", "node-a", &[("mig", "gpu-1-mig-1g5gb-19-0")]),
+            claim(U3, "node-a", &[("mig", "gpu-1-mig-1g5gb-19-0")]),
         );
         let (p, _) = rig.open("b1");
         let out = p
-            .prepare(&[r("u1", "big"), r("u2", "overlap"), r("u3", "small")])
+            .prepare(&[r(U1, "big"), r(U2, "overlap"), r(U3, "small")])
             .await;
-        assert!(out["u1"].is_ok() && out["u3"].is_ok(), "{out:?}");
-        let err = out["u2"].as_ref().unwrap_err();
+        assert!(out[U1].is_ok() && out[U3].is_ok(), "{out:?}");
+        let err = out[U2].as_ref().unwrap_err();
         assert!(
             err.starts_with("claim ns/overlap: device gpu-1-mig-2g10gb-14-4: MIG on GPU 1: memory slices 4..6 overlap partition gpu-1-mig-3g20gb-9-4"),
             "{err}"
@@ -724,7 +716,10 @@ mod tests {
             "the failed claim left no partition behind"
         );
         // The container gets the partition's UUID and its capability devices.
-        let file = rig.dir.path().join("cdi/k8s.gpu.nvidia.com_claim_u1.json");
+        let file = rig
+            .dir
+            .path()
+            .join(format!("cdi/k8s.gpu.nvidia.com_claim_{U1}.json"));
         let spec: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
         let edits = &spec["devices"][0]["containerEdits"];
@@ -750,7 +745,7 @@ mod tests {
         // A restarted agent still knows the partition and destroys it on unprepare.
         drop(p);
         let (p, _) = rig.open("b1");
-        assert!(p.unprepare(&[r("u1", "big")]).await["u1"].is_ok());
+        assert!(p.unprepare(&[r(U1, "big")]).await[U1].is_ok());
         assert_eq!(
             rig.backend
                 .mig_instances()
@@ -760,13 +755,12 @@ mod tests {
             ["gpu-1-mig-1g5gb-19-0"]
         );
         // The freed slices can be partitioned again.
-        assert!(p.prepare(&[r("u2", "overlap")]).await["u2"].is_ok());
+        assert!(p.prepare(&[r(U2, "overlap")]).await[U2].is_ok());
     }
 
-    #[tokio::test]
-    async fn an_mps_claim_gets_its_own_control_daemon_until_unprepared() {
-        let rig = Rig::new();
-        // A stand-in for nvidia-cuda-mps-control that logs how it was called.
+    /// A stand-in for nvidia-cuda-mps-control that logs how it was called and, for control
+    /// calls, the commands it read: `(script, log)`.
+    fn mps_stand_in(rig: &Rig) -> (PathBuf, PathBuf) {
         let log = rig.dir.path().join("mps-calls.log");
         let script = rig.dir.path().join("mps-control");
         std::fs::write(
@@ -780,29 +774,54 @@ mod tests {
         .unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        rig.add(
-            "mps",
-            with_config(
-                claim("u1", "node-a", &[("gpu", "gpu-3")]),
-                "FromClaim",
-                &[],
-                json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-                    "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 25}}}),
-            ),
-        );
+        (script, log)
+    }
+
+    /// A preparer that runs `script` as its MPS control binary.
+    fn open_with_mps(rig: &Rig, script: &std::path::Path) -> Preparer {
         let mut cfg = rig.cfg("b1");
-        cfg.mps_control = Some(script);
-        let (p, _) = Preparer::open(
+        cfg.mps_control = Some(script.to_path_buf());
+        Preparer::open(
             cfg,
             Arc::new(rig.backend.clone()),
             ClaimSource::Static(rig.claims.clone()),
             rig.inventory.clone(),
             None,
         )
-        .unwrap();
-        assert!(p.prepare(&[r("u1", "mps")]).await["u1"].is_ok());
+        .unwrap()
+        .0
+    }
+
+    fn mps_claim(
+        uid: &str,
+        devices: &[(&str, &str)],
+        mps_config: serde_json::Value,
+    ) -> ResourceClaim {
+        with_config(
+            claim(uid, "node-a", devices),
+            "FromClaim",
+            &[],
+            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                "sharing": {"strategy": "MPS", "mpsConfig": mps_config}}),
+        )
+    }
+
+    #[tokio::test]
+    async fn an_mps_claim_gets_its_own_control_daemon_until_unprepared() {
+        let rig = Rig::new();
+        let (script, log) = mps_stand_in(&rig);
+        rig.add(
+            "mps",
+            mps_claim(
+                U1,
+                &[("gpu", "gpu-3")],
+                json!({"defaultActiveThreadPercentage": 25}),
+            ),
+        );
+        let p = open_with_mps(&rig, &script);
+        assert!(p.prepare(&[r(U1, "mps")]).await[U1].is_ok());
         let uuid = &rig.inventory.read().unwrap()[3].uuid.clone();
-        let pipe = rig.dir.path().join("mps/u1/pipe");
+        let pipe = rig.dir.path().join(format!("mps/{U1}/pipe"));
         assert_eq!(
             std::fs::read_to_string(&log).unwrap(),
             format!(
@@ -812,7 +831,7 @@ mod tests {
             )
         );
         assert!(pipe.is_dir(), "the pipe directory the CDI spec points at");
-        assert!(p.unprepare(&[r("u1", "mps")]).await["u1"].is_ok());
+        assert!(p.unprepare(&[r(U1, "mps")]).await[U1].is_ok());
         assert!(
             std::fs::read_to_string(&log)
                 .unwrap()
@@ -820,8 +839,244 @@ mod tests {
             "told to quit"
         );
         assert!(
-            !rig.dir.path().join("mps/u1").exists(),
+            !rig.dir.path().join(format!("mps/{U1}")).exists(),
             "its directories removed"
         );
+    }
+
+    #[tokio::test]
+    async fn memory_limits_reach_the_daemon_as_whole_mebibytes_per_device_index() {
+        let rig = Rig::new();
+        let (script, log) = mps_stand_in(&rig);
+        let gpu4 = rig.inventory.read().unwrap()[4].uuid.clone();
+        rig.add(
+            "mps",
+            mps_claim(
+                U1,
+                &[("gpu", "gpu-3"), ("gpu", "gpu-4"), ("gpu", "gpu-5")],
+                json!({
+                    "defaultActiveThreadPercentage": 50,
+                    "defaultPinnedDeviceMemoryLimit": "10Gi",
+                    "defaultPerDevicePinnedMemoryLimit": {"0": "4Gi", gpu4.clone(): "1.5Gi", "gpu-5": "10G"},
+                }),
+            ),
+        );
+        let p = open_with_mps(&rig, &script);
+        assert!(p.prepare(&[r(U1, "mps")]).await[U1].is_ok());
+        let uuids: Vec<String> = rig.inventory.read().unwrap()[3..6]
+            .iter()
+            .map(|g| g.uuid.clone())
+            .collect();
+        let pipe = rig.dir.path().join(format!("mps/{U1}/pipe"));
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            format!(
+                "args=-d visible={visible} pipe={pipe}\nargs= visible= pipe={pipe}\n\
+                 set_default_active_thread_percentage 50\n\
+                 set_default_device_pinned_mem_limit 0 10240M\n\
+                 set_default_device_pinned_mem_limit 1 10240M\n\
+                 set_default_device_pinned_mem_limit 2 10240M\n\
+                 set_default_device_pinned_mem_limit 0 4096M\n\
+                 set_default_device_pinned_mem_limit 1 1536M\n\
+                 set_default_device_pinned_mem_limit 2 9536M\n",
+                visible = uuids.join(","),
+                pipe = pipe.display()
+            )
+        );
+        // The checkpoint holds the config as it was written: a restart finds it intact.
+        drop(p);
+        let (_, recovery) = rig.open("b1");
+        assert_eq!(recovery, Recovery::Resumed { claims: 1 });
+    }
+
+    #[tokio::test]
+    async fn a_newline_in_an_mps_config_never_reaches_the_control_daemon() {
+        let rig = Rig::new();
+        let (script, log) = mps_stand_in(&rig);
+        rig.add(
+            "in-default",
+            mps_claim(
+                U1,
+                &[("gpu", "gpu-1")],
+                json!({"defaultPinnedDeviceMemoryLimit": "1Gi\nset_default_active_thread_percentage 100"}),
+            ),
+        );
+        rig.add(
+            "in-key",
+            mps_claim(
+                U2,
+                &[("gpu", "gpu-2")],
+                json!({"defaultPerDevicePinnedMemoryLimit": {"0 1Gi\nquit\n0": "1Gi"}}),
+            ),
+        );
+        rig.add(
+            "in-value",
+            mps_claim(
+                U3,
+                &[("gpu", "gpu-3")],
+                json!({"defaultPerDevicePinnedMemoryLimit": {"0": "1Gi\nquit"}}),
+            ),
+        );
+        rig.add(
+            "good",
+            mps_claim(
+                U4,
+                &[("gpu", "gpu-4")],
+                json!({"defaultActiveThreadPercentage": 20}),
+            ),
+        );
+        let p = open_with_mps(&rig, &script);
+        let out = p
+            .prepare(&[
+                r(U1, "in-default"),
+                r(U2, "in-key"),
+                r(U3, "in-value"),
+                r(U4, "good"),
+            ])
+            .await;
+        assert_eq!(
+            out[U1].as_ref().unwrap_err(),
+            "claim ns/in-default: FromClaim config for requests []: invalid GpuConfig: \
+             mpsConfig.defaultPinnedDeviceMemoryLimit \"1Gi\\nset_default_active_thread_percentage 100\": \
+             not a Kubernetes quantity: unexpected character '\\n'"
+        );
+        assert_eq!(
+            out[U2].as_ref().unwrap_err(),
+            "claim ns/in-key: FromClaim config for requests []: invalid GpuConfig: \
+             mpsConfig.defaultPerDevicePinnedMemoryLimit key \"0 1Gi\\nquit\\n0\": \
+             not a device index, a GPU UUID or a device name"
+        );
+        assert_eq!(
+            out[U3].as_ref().unwrap_err(),
+            "claim ns/in-value: FromClaim config for requests []: invalid GpuConfig: \
+             mpsConfig.defaultPerDevicePinnedMemoryLimit[0] \"1Gi\\nquit\": \
+             not a Kubernetes quantity: unexpected character '\\n'"
+        );
+        assert!(out[U4].is_ok(), "{out:?}");
+        // Only the good claim's daemon was started and configured.
+        let pipe = rig.dir.path().join(format!("mps/{U4}/pipe"));
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            format!(
+                "args=-d visible={uuid} pipe={pipe}\nargs= visible= pipe={pipe}\n\
+                 set_default_active_thread_percentage 20\n",
+                uuid = rig.inventory.read().unwrap()[4].uuid,
+                pipe = pipe.display()
+            )
+        );
+        // Nothing of the refused claims is left: no MPS directory, CDI spec or checkpoint entry.
+        let mut mps_dirs: Vec<String> = std::fs::read_dir(rig.dir.path().join("mps"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        mps_dirs.sort();
+        assert_eq!(mps_dirs, [U4]);
+        assert_eq!(rig.spec_files(), [U4]);
+        assert_eq!(
+            p.checkpointed().await.claims.keys().collect::<Vec<_>>(),
+            [U4]
+        );
+        assert!(
+            rig.backend.sharing().keys().eq([&4]),
+            "sharing applied to gpu-4 only"
+        );
+    }
+
+    #[tokio::test]
+    async fn mps_keys_must_name_the_claims_own_gpus_and_limits_fit_them() {
+        let rig = Rig::new();
+        let (script, log) = mps_stand_in(&rig);
+        let other_uuid = rig.inventory.read().unwrap()[0].uuid.clone();
+        let cases = [
+            ("index", json!({"defaultPerDevicePinnedMemoryLimit": {"1": "1Gi"}}),
+             "claim ns/index: mpsConfig.defaultPerDevicePinnedMemoryLimit key \"1\": device index 1, but the claim has 1 GPU(s) shared with MPS".to_string()),
+            ("uuid", json!({"defaultPerDevicePinnedMemoryLimit": {other_uuid.clone(): "1Gi"}}),
+             format!("claim ns/uuid: mpsConfig.defaultPerDevicePinnedMemoryLimit key \"{other_uuid}\": no GPU of the claim has this UUID")),
+            ("name", json!({"defaultPerDevicePinnedMemoryLimit": {"gpu-0": "1Gi"}}),
+             "claim ns/name: mpsConfig.defaultPerDevicePinnedMemoryLimit key \"gpu-0\": no device of the claim shared with MPS has this name".to_string()),
+            ("twice", json!({"defaultPerDevicePinnedMemoryLimit": {"0": "1Gi", "gpu-6": "2Gi"}}),
+             "claim ns/twice: mpsConfig.defaultPerDevicePinnedMemoryLimit keys \"0\" and \"gpu-6\" name the same GPU".to_string()),
+            ("too-big", json!({"defaultPinnedDeviceMemoryLimit": "81Gi"}),
+             "claim ns/too-big: mpsConfig.defaultPinnedDeviceMemoryLimit 81Gi is more than the 80Gi of memory of GPU gpu-6".to_string()),
+        ];
+        let uids = [U1, U2, U3, U4, U5];
+        for ((name, config, _), uid) in cases.iter().zip(uids) {
+            rig.add(name, mps_claim(uid, &[("gpu", "gpu-6")], config.clone()));
+        }
+        let p = open_with_mps(&rig, &script);
+        let refs: Vec<ClaimRef> = cases
+            .iter()
+            .zip(uids)
+            .map(|((name, _, _), uid)| r(uid, name))
+            .collect();
+        let out = p.prepare(&refs).await;
+        for ((_, _, want), uid) in cases.iter().zip(uids) {
+            assert_eq!(out[uid].as_ref().unwrap_err(), want);
+        }
+        assert!(!log.exists(), "the control binary never ran");
+        assert!(!rig.dir.path().join("mps").exists());
+        assert!(rig.spec_files().is_empty());
+        assert!(p.checkpointed().await.claims.is_empty());
+        assert!(rig.backend.sharing().is_empty());
+    }
+
+    #[tokio::test]
+    async fn claim_references_with_path_characters_touch_nothing() {
+        let rig = Rig::new();
+        let (script, log) = mps_stand_in(&rig);
+        rig.add("a", claim(U1, "node-a", &[("gpu", "gpu-1")]));
+        let p = open_with_mps(&rig, &script);
+        // Something an escaping path would hit: the MPS directory's parent holds it.
+        let precious = rig.dir.path().join("precious");
+        std::fs::write(&precious, "keep").unwrap();
+        let bad = |namespace: &str, uid: &str, name: &str| ClaimRef {
+            namespace: namespace.into(),
+            uid: uid.into(),
+            name: name.into(),
+        };
+        let out = p
+            .prepare(&[
+                bad("ns", "..", "a"),
+                bad("ns", "../../precious", "a"),
+                bad("..", U1, "a"),
+                bad("ns", &format!("{U1}\n"), "a"),
+            ])
+            .await;
+        assert_eq!(
+            out[".."].as_ref().unwrap_err(),
+            "claim \"ns\"/\"a\": UID \"..\" is not an RFC 4122 UUID"
+        );
+        assert_eq!(
+            out["../../precious"].as_ref().unwrap_err(),
+            "claim \"ns\"/\"a\": UID \"../../precious\" is not an RFC 4122 UUID"
+        );
+        assert_eq!(
+            out[&format!("{U1}\n")].as_ref().unwrap_err(),
+            &format!("claim \"ns\"/\"a\": UID \"{U1}\\n\" is not an RFC 4122 UUID")
+        );
+        assert_eq!(
+            out[U1].as_ref().unwrap_err(),
+            "claim \"..\"/\"a\": namespace \"..\" is not a DNS-1123 label"
+        );
+        let name_err = p.prepare(&[bad("ns", U1, "../a")]).await;
+        assert_eq!(
+            name_err[U1].as_ref().unwrap_err(),
+            "claim ns/\"../a\": name \"../a\" is not a DNS-1123 subdomain"
+        );
+        // Unprepare with a UID of `..` would otherwise stop a daemon in, and remove, the
+        // directory above the MPS directory.
+        let out = p
+            .unprepare(&[bad("ns", "..", "a"), bad("ns", "../cdi", "a")])
+            .await;
+        assert_eq!(
+            out[".."].as_ref().unwrap_err(),
+            "claim \"ns\"/\"a\": UID \"..\" is not an RFC 4122 UUID"
+        );
+        assert!(out["../cdi"].is_err());
+        assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep");
+        assert!(rig.dir.path().join("plugin/checkpoint.json").exists());
+        assert!(!log.exists(), "the control binary never ran");
+        assert!(rig.spec_files().is_empty());
+        assert!(p.checkpointed().await.claims.is_empty());
     }
 }

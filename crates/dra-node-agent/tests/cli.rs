@@ -84,7 +84,7 @@ fn prepare_dry_run_prints_devices_and_cdi_spec() {
         r#"
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
-metadata: {name: c, namespace: ns, uid: u-1}
+metadata: {name: c, namespace: ns, uid: 5d9c2b1a-7e3f-4a6b-8c0d-1e2f3a4b5c6d}
 spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}
 status:
   allocation:
@@ -113,9 +113,12 @@ status:
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         v["devices"][0]["cdiDeviceIds"][0],
-        "k8s.gpu.nvidia.com/claim=u-1-gpu-5"
+        "k8s.gpu.nvidia.com/claim=5d9c2b1a-7e3f-4a6b-8c0d-1e2f3a4b5c6d-gpu-5"
     );
-    assert_eq!(v["cdiSpecFile"], "/cdi/k8s.gpu.nvidia.com_claim_u-1.json");
+    assert_eq!(
+        v["cdiSpecFile"],
+        "/cdi/k8s.gpu.nvidia.com_claim_5d9c2b1a-7e3f-4a6b-8c0d-1e2f3a4b5c6d.json"
+    );
     assert_eq!(
         v["cdiSpec"]["devices"][0]["containerEdits"]["deviceNodes"][0]["path"],
         "/dev/nvidia5"

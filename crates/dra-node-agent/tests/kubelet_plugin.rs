@@ -217,6 +217,9 @@ async fn claim(
     (uid, c)
 }
 
+/// A well-formed UID no claim has.
+const NOT_THE_UID: &str = "00000000-0000-4000-8000-000000000000";
+
 fn v1_claim(ns: &str, name: &str, uid: &str) -> v1::Claim {
     v1::Claim {
         namespace: ns.into(),
@@ -322,7 +325,7 @@ async fn kubelet_registers_prepares_restarts_and_unprepares() {
         v1_claim(&ns.name, "unallocated", &unalloc_uid),
         v1_claim(&ns.name, "elsewhere", &other_uid),
         v1_claim(&ns.name, "badconfig", &bad_uid),
-        v1_claim(&ns.name, "plain", "not-the-uid"),
+        v1_claim(&ns.name, "plain", NOT_THE_UID),
     ];
     let resp = dra
         .node_prepare_resources(v1::NodePrepareResourcesRequest {
@@ -361,11 +364,11 @@ async fn kubelet_registers_prepares_restarts_and_unprepares() {
         resp.claims[&bad_uid].error
     );
     assert!(
-        resp.claims["not-the-uid"]
+        resp.claims[NOT_THE_UID]
             .error
-            .contains("kubelet asked for not-the-uid"),
+            .contains(&format!("kubelet asked for {NOT_THE_UID}")),
         "{}",
-        resp.claims["not-the-uid"].error
+        resp.claims[NOT_THE_UID].error
     );
 
     // The CDI spec of the good claim.
@@ -509,14 +512,14 @@ async fn kubelet_registers_prepares_restarts_and_unprepares() {
         .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
             claims: vec![
                 v1_claim(&ns.name, "good", &good_uid),
-                v1_claim(&ns.name, "ghost", "no-such-uid"),
+                v1_claim(&ns.name, "ghost", NOT_THE_UID),
             ],
         })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(un.claims[&good_uid].error, "");
-    assert_eq!(un.claims["no-such-uid"].error, "");
+    assert_eq!(un.claims[NOT_THE_UID].error, "");
     assert!(!spec_path.exists());
     assert!(
         d.cdi
