@@ -1,7 +1,8 @@
 //! Acting as the kubelet: runs the real `dra-node-agent` binary with a fake profile against
 //! a real kube-apiserver 1.37 and talks gRPC to it over its Unix sockets: registration,
 //! prepare/unprepare of claims allocated on the API server, the CDI files, idempotency, a
-//! kill -9 and restart in the middle, a corrupt checkpoint, per-claim errors, /metrics.
+//! kill -9 and restart in the middle, a corrupt checkpoint, per-claim errors, /metrics; and
+//! MPS claims against a stand-in `nvidia-cuda-mps-control`, whose input is checked.
 
 mod common;
 
@@ -60,6 +61,15 @@ fn free_port() -> u16 {
 }
 
 fn start_agent(cluster: &TestCluster, node: &str, d: &Dirs) -> Agent {
+    start_agent_with(cluster, node, d, &[])
+}
+
+fn start_agent_with(
+    cluster: &TestCluster,
+    node: &str,
+    d: &Dirs,
+    extra: &[&std::ffi::OsStr],
+) -> Agent {
     let http = format!("127.0.0.1:{}", free_port());
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -85,6 +95,7 @@ fn start_agent(cluster: &TestCluster, node: &str, d: &Dirs) -> Agent {
         .arg(&d.registry)
         .arg("--cdi-dir")
         .arg(&d.cdi)
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log)
@@ -533,4 +544,215 @@ async fn kubelet_registers_prepares_restarts_and_unprepares() {
     let status = agent.child.wait().unwrap();
     assert!(status.success(), "{status:?}");
     assert!(!reg_sock.exists() && !dra_sock.exists());
+}
+
+/// A DeviceClass for the claims (another test may have made it already).
+async fn gpu_class(client: &kube::Client) {
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    let _ = classes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "gpu.nvidia.com"},
+                "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}
+            }))
+            .unwrap(),
+        )
+        .await;
+}
+
+fn mps_config(config: serde_json::Value) -> serde_json::Value {
+    json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+           "sharing": {"strategy": "MPS", "mpsConfig": config}})
+}
+
+#[tokio::test]
+async fn mps_config_from_a_claim_reaches_the_control_daemon_only_as_checked_values() {
+    let cluster = TestCluster::shared();
+    let client = cluster.client().await;
+    let ns = cluster.namespace("agent-mps").await;
+    let node = unique("kubelet-mps");
+    create_node(&client, &node).await;
+    gpu_class(&client).await;
+
+    // A stand-in for nvidia-cuda-mps-control that records its calls and its input.
+    let d = dirs();
+    let calls = d.plugin.parent().unwrap().join("mps-calls.log");
+    let script = d.plugin.parent().unwrap().join("mps-control");
+    std::fs::create_dir_all(script.parent().unwrap()).unwrap();
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"args=$* visible=$CUDA_VISIBLE_DEVICES\" >> {log}\n\
+             if [ \"$1\" != -d ]; then cat >> {log}; fi\n",
+            log = calls.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut agent = start_agent_with(
+        cluster,
+        &node,
+        &d,
+        &["--mps-control-binary".as_ref(), script.as_os_str()],
+    );
+    let reg_sock = d.registry.join("gpu.nvidia.com-reg.sock");
+    wait_for_socket(&reg_sock, &d.log).await;
+    let dra_sock = d.plugin.join("dra.sock");
+
+    let claims: Api<ResourceClaim> = ns.api();
+    let good = mps_config(json!({
+        "defaultActiveThreadPercentage": 40,
+        "defaultPinnedDeviceMemoryLimit": "2Gi",
+        "defaultPerDevicePinnedMemoryLimit": {"0": "1536Mi"},
+    }));
+    let (good_uid, _) = claim(&claims, "mps-good", Some((&node, "gpu-1")), Some(good)).await;
+    let injections = [
+        (
+            "in-default",
+            json!({"defaultPinnedDeviceMemoryLimit": "1Gi\nset_default_active_thread_percentage 100"}),
+            "mpsConfig.defaultPinnedDeviceMemoryLimit \"1Gi\\nset_default_active_thread_percentage 100\": not a Kubernetes quantity: unexpected character '\\n'",
+        ),
+        (
+            "in-key",
+            json!({"defaultPerDevicePinnedMemoryLimit": {"0 1Gi\nquit\n0": "1Gi"}}),
+            "mpsConfig.defaultPerDevicePinnedMemoryLimit key \"0 1Gi\\nquit\\n0\": not a device index, a GPU UUID or a device name",
+        ),
+        (
+            "in-value",
+            json!({"defaultPerDevicePinnedMemoryLimit": {"0": "1Gi\nquit"}}),
+            "mpsConfig.defaultPerDevicePinnedMemoryLimit[0] \"1Gi\\nquit\": not a Kubernetes quantity: unexpected character '\\n'",
+        ),
+        (
+            "negative",
+            json!({"defaultPinnedDeviceMemoryLimit": "-1Gi"}),
+            "mpsConfig.defaultPinnedDeviceMemoryLimit \"-1Gi\": negative",
+        ),
+        (
+            "percent",
+            json!({"defaultActiveThreadPercentage": "50%x"}),
+            "mpsConfig.defaultActiveThreadPercentage \"50%x\": not an integer in 1..=100",
+        ),
+    ];
+    let mut refused = Vec::new();
+    for (name, config, _) in &injections {
+        let (uid, _) = claim(
+            &claims,
+            name,
+            Some((&node, "gpu-2")),
+            Some(mps_config(config.clone())),
+        )
+        .await;
+        refused.push(uid);
+    }
+
+    let mut dra =
+        v1::dra_plugin_client::DraPluginClient::new(connect_unix(&dra_sock).await.unwrap());
+    let mut refs = vec![v1_claim(&ns.name, "mps-good", &good_uid)];
+    for ((name, _, _), uid) in injections.iter().zip(&refused) {
+        refs.push(v1_claim(&ns.name, name, uid));
+    }
+    // What kubelet might send if it were confused: path characters in the reference itself.
+    refs.push(v1_claim(&ns.name, "mps-good", "../../.."));
+    refs.push(v1_claim(&ns.name, "../mps-good", NOT_THE_UID));
+    let resp = dra
+        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: refs })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.claims[&good_uid].error, "");
+    for ((name, _, cause), uid) in injections.iter().zip(&refused) {
+        assert_eq!(
+            resp.claims[uid].error,
+            format!(
+                "claim {}/{name}: FromClaim config for requests [gpu]: invalid GpuConfig: {cause}",
+                ns.name
+            )
+        );
+        assert!(resp.claims[uid].devices.is_empty());
+    }
+    assert_eq!(
+        resp.claims["../../.."].error,
+        format!(
+            "claim {:?}/\"mps-good\": UID \"../../..\" is not an RFC 4122 UUID",
+            ns.name
+        )
+    );
+    assert_eq!(
+        resp.claims[NOT_THE_UID].error,
+        format!(
+            "claim {}/\"../mps-good\": name \"../mps-good\" is not a DNS-1123 subdomain",
+            ns.name
+        )
+    );
+
+    // Only the good claim's daemon ran, and it was told exactly its typed settings.
+    assert_eq!(
+        std::fs::read_to_string(&calls).unwrap(),
+        "args=-d visible=GPU-1b2c3d4e-t10-0000-0000-000000000001\n\
+         args= visible=\n\
+         set_default_active_thread_percentage 40\n\
+         set_default_device_pinned_mem_limit 0 2048M\n\
+         set_default_device_pinned_mem_limit 0 1536M\n"
+    );
+    let listing = |dir: &Path| {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(listing(&d.plugin.join("mps")), [good_uid.as_str()]);
+    assert_eq!(
+        listing(&d.cdi),
+        [format!("k8s.gpu.nvidia.com_claim_{good_uid}.json")]
+    );
+    let spec: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            d.cdi
+                .join(format!("k8s.gpu.nvidia.com_claim_{good_uid}.json")),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let env: Vec<String> = serde_json::from_value(spec["containerEdits"]["env"].clone()).unwrap();
+    assert!(
+        env.contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40".to_string()),
+        "{env:?}"
+    );
+
+    // Unprepare quits the daemon; a UID of `..` would have meant the plugin directory.
+    let un = dra
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![
+                v1_claim(&ns.name, "mps-good", &good_uid),
+                v1_claim(&ns.name, "mps-good", ".."),
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(un.claims[&good_uid].error, "");
+    assert_eq!(
+        un.claims[".."].error,
+        format!(
+            "claim {:?}/\"mps-good\": UID \"..\" is not an RFC 4122 UUID",
+            ns.name
+        )
+    );
+    assert!(
+        std::fs::read_to_string(&calls)
+            .unwrap()
+            .ends_with("args= visible=\nquit\n"),
+        "told to quit, once"
+    );
+    assert!(listing(&d.plugin.join("mps")).is_empty());
+    assert!(d.plugin.join("checkpoint.json").exists());
+    assert!(dra_sock.exists());
+
+    let pid = agent.child.id();
+    Command::new("kill").arg(pid.to_string()).status().unwrap();
+    assert!(agent.child.wait().unwrap().success());
 }
