@@ -140,7 +140,7 @@ fn a_dangling_link_with_a_manifest_name_is_an_error() {
     let dir = scratch("dangling");
     std::os::unix::fs::symlink("gone.yaml", dir.join("node.yaml")).unwrap();
     std::os::unix::fs::symlink("gone", dir.join("README")).unwrap();
-    let err = load_error(&[dir.clone()]);
+    let err = load_error(std::slice::from_ref(&dir));
     assert!(
         err.starts_with(&format!("{}: ", dir.join("node.yaml").display())),
         "{err}"
@@ -169,9 +169,15 @@ fn a_fifo_in_a_directory_is_an_error_when_it_looks_like_a_manifest() {
     write(&dir.join("node.yaml"), NODE);
     mkfifo(&dir.join("pipe"));
     // Not a manifest's name: skipped like any other file that is not a manifest.
-    assert_eq!(simulate::load(&[dir.clone()]).unwrap().nodes.len(), 1);
+    assert_eq!(
+        simulate::load(std::slice::from_ref(&dir))
+            .unwrap()
+            .nodes
+            .len(),
+        1
+    );
     mkfifo(&dir.join("pods.yaml"));
-    let err = load_error(&[dir.clone()]);
+    let err = load_error(std::slice::from_ref(&dir));
     assert!(
         err.starts_with(&format!("{}: a FIFO", dir.join("pods.yaml").display())),
         "{err}"
@@ -268,7 +274,7 @@ fn aliases_cannot_blow_a_document_up() {
     laughs += "data:\n  a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n";
     for i in 1..10 {
         let p = format!("*a{}", i - 1);
-        laughs += &format!("  a{i}: &a{i} [{}]\n", vec![p.as_str(); 10].join(", "));
+        laughs += &format!("  a{i}: &a{i} [{}]\n", [p.as_str(); 10].join(", "));
     }
     let mut m = manifests::Manifests::default();
     let err = manifests::parse_file(Path::new("lol.yaml"), &laughs, &mut m).unwrap_err();
