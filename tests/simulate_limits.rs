@@ -1,6 +1,8 @@
 //! `simulate` on input that used to hang, abort or exhaust memory (issue #12), and on values
 //! the API server rejects: each is invalid input with a message naming the file, the
 //! document, the object and the field.
+// FIFOs, devices and symbolic links as Unix has them.
+#![cfg(unix)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -881,6 +881,20 @@ fn opaque(path: &str, opaque: Option<&OpaqueDeviceConfiguration>) -> Check {
     Ok(())
 }
 
+/// The capacity a request consumes from a shareable device: named like capacities, in
+/// amounts that parse.
+fn capacity_requests(
+    path: &str,
+    capacity: Option<&k8s_openapi::api::resource::v1::CapacityRequirements>,
+) -> Check {
+    let requests = capacity.and_then(|c| c.requests.as_ref());
+    for (name, q) in requests.into_iter().flatten() {
+        attribute_name(format!("{path}[{name}]"), name)?;
+        quantity(format!("{path}[{name}]"), q)?;
+    }
+    Ok(())
+}
+
 /// A reference to a request (`name`) or a subrequest (`name/sub`) of the claim.
 fn request_ref(path: String, name: &str, requests: &BTreeMap<&str, HashSet<&str>>) -> Check {
     let found = match name.split_once('/') {
@@ -926,6 +940,7 @@ fn device_claim(path: &str, claim: &DeviceClaim) -> Check {
                 selectors(&format!("{at}.selectors"), e.selectors.as_ref())?;
                 allocation_mode(&at, e.allocation_mode.as_deref(), e.count)?;
                 device_tolerations(&format!("{at}.tolerations"), e.tolerations.as_ref())?;
+                capacity_requests(&format!("{at}.capacity.requests"), e.capacity.as_ref())?;
             }
             (None, false) => {
                 too_many(format!("{at}.firstAvailable"), subs.len(), MAX_SUBREQUESTS)?;
@@ -940,6 +955,7 @@ fn device_claim(path: &str, claim: &DeviceClaim) -> Check {
                     selectors(&format!("{at}.selectors"), s.selectors.as_ref())?;
                     allocation_mode(&at, s.allocation_mode.as_deref(), s.count)?;
                     device_tolerations(&format!("{at}.tolerations"), s.tolerations.as_ref())?;
+                    capacity_requests(&format!("{at}.capacity.requests"), s.capacity.as_ref())?;
                 }
             }
         }
