@@ -13,79 +13,13 @@ use kube::api::ListParams;
 use test_cluster::{TestCluster, eventually};
 
 mod common;
-use common::{Daemon, apply_fleet_and_burst, start_scheduler_with};
+use common::{
+    Daemon, apply, apply_fleet_and_burst, assert_no_device_twice, devices, events_about,
+    kubectl_ok, metric, node_of, scrape, start_scheduler_with, wait_bound,
+};
 
 fn start_scheduler(cluster: &TestCluster) -> Daemon {
     start_scheduler_with(cluster, &[])
-}
-
-fn apply(cluster: &TestCluster, paths: &[&str]) {
-    let mut cmd = cluster.kubectl();
-    cmd.arg("apply");
-    for p in paths {
-        cmd.arg("-f")
-            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(p));
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl apply: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn kubectl_ok(cluster: &TestCluster, args: &[&str]) {
-    let out = cluster.kubectl().args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn node_of(pod: &Pod) -> Option<&str> {
-    pod.spec.as_ref()?.node_name.as_deref()
-}
-
-fn devices(claim: &ResourceClaim) -> Vec<(String, String)> {
-    claim
-        .status
-        .iter()
-        .flat_map(|s| s.allocation.iter())
-        .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
-        .map(|r| {
-            (
-                r.request.clone(),
-                format!("{}/{}/{}", r.driver, r.pool, r.device),
-            )
-        })
-        .collect()
-}
-
-async fn wait_bound(pods: &Api<Pod>, n: usize) -> Vec<Pod> {
-    eventually(&format!("{n} pods bound"), 120, || async {
-        let list = pods.list(&ListParams::default()).await.ok()?.items;
-        (list.iter().filter(|p| node_of(p).is_some()).count() >= n).then_some(list)
-    })
-    .await
-}
-
-async fn scrape(url: &str) -> Option<String> {
-    let out = Command::new("curl")
-        .args(["-sf", &format!("{url}/metrics")])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("metric {name} not found"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -182,10 +116,10 @@ async fn a5000_else_t10_then_metrics() {
     assert_eq!(
         metric(
             &text,
-            "dra_scheduler_api_write_duration_seconds_count{resource=\"resourceclaims/status\",verb=\"update\"}"
+            "dra_scheduler_api_write_duration_seconds_count{resource=\"resourceclaims/status\",verb=\"patch\"}"
         ),
         2.0,
-        "one status update per claim: allocation and reservedFor together"
+        "one status patch per claim: allocation and reservedFor together"
     );
     assert_eq!(metric(&text, "dra_scheduler_leader"), 1.0);
     let ready = Command::new("curl")
@@ -286,22 +220,6 @@ async fn one_claim_shared_by_four_pods() {
     assert_eq!(reserved, names, "every pod is in reservedFor");
     assert_eq!(devices(&claim).len(), 1, "one device for all four");
     assert_eq!(devices(&claim)[0].1, "gpu.nvidia.com/gpu-node-1/gpu-1");
-}
-
-/// Every allocated device appears once; returns how many there are.
-async fn assert_no_device_twice(client: &kube::Client) -> usize {
-    let claims = Api::<ResourceClaim>::namespaced(client.clone(), "default")
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items;
-    let mut seen = HashSet::new();
-    for claim in &claims {
-        for (_, device) in devices(claim) {
-            assert!(seen.insert(device.clone()), "{device} is allocated twice");
-        }
-    }
-    seen.len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -475,25 +393,6 @@ async fn killing_the_scheduler_repeatedly_loses_and_doubles_nothing() {
         );
     }
     assert_eq!(allocated, 160);
-}
-
-/// Events about one object, as "reason: message".
-async fn events_about(client: &kube::Client, name: &str) -> Vec<String> {
-    Api::<Event>::namespaced(client.clone(), "default")
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(name))
-        .map(|e| {
-            format!(
-                "{}: {}",
-                e.reason.unwrap_or_default(),
-                e.message.unwrap_or_default()
-            )
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

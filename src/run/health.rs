@@ -14,14 +14,23 @@ pub const LOOP_STALL: Duration = Duration::from_secs(10);
 /// what is left of an attempt after that is short).
 pub const ATTEMPT_GRACE: Duration = Duration::from_secs(20);
 
+/// Where an attempt runs: the worker that takes pods in queue order, or the lane that
+/// gives a pod needing more than a first try its whole budget.
+#[derive(Clone, Copy, Debug)]
+pub enum Lane {
+    Main = 0,
+    Long = 1,
+}
+
 /// Progress marks, shared by the loop, the worker and the HTTP handler.
 #[derive(Debug)]
 pub struct Health {
     start: Instant,
     /// Milliseconds since `start` of the loop's last turn.
     beat: AtomicU64,
-    /// Milliseconds since `start` when the running attempt began, plus one; 0: none runs.
-    attempt: AtomicU64,
+    /// Per lane ([`Lane`]): milliseconds since `start` when its running attempt began,
+    /// plus one; 0: none runs.
+    attempt: [AtomicU64; 2],
     /// Milliseconds since `start` of the last attempt that finished, plus one; 0: none yet.
     finished: AtomicU64,
     budget: Duration,
@@ -32,7 +41,7 @@ impl Health {
         Health {
             start: Instant::now(),
             beat: AtomicU64::new(0),
-            attempt: AtomicU64::new(0),
+            attempt: [AtomicU64::new(0), AtomicU64::new(0)],
             finished: AtomicU64::new(0),
             budget,
         }
@@ -50,12 +59,12 @@ impl Health {
         self.beat.store(self.millis(now), Ordering::Relaxed);
     }
 
-    pub fn attempt_started(&self, now: Instant) {
-        self.attempt.store(self.millis(now) + 1, Ordering::Relaxed);
+    pub fn attempt_started(&self, lane: Lane, now: Instant) {
+        self.attempt[lane as usize].store(self.millis(now) + 1, Ordering::Relaxed);
     }
 
-    pub fn attempt_finished(&self, now: Instant) {
-        self.attempt.store(0, Ordering::Relaxed);
+    pub fn attempt_finished(&self, lane: Lane, now: Instant) {
+        self.attempt[lane as usize].store(0, Ordering::Relaxed);
         self.finished.store(self.millis(now) + 1, Ordering::Relaxed);
     }
 
@@ -63,19 +72,26 @@ impl Health {
     pub fn check(&self, now: Instant) -> Result<String, String> {
         let loop_idle = self.since(self.beat.load(Ordering::Relaxed), now);
         let mut summary = format!("event loop turned {:.1}s ago", loop_idle.as_secs_f64());
-        match self.attempt.load(Ordering::Relaxed) {
-            0 => summary.push_str("; no scheduling attempt running"),
-            mark => {
-                let running = self.since(mark - 1, now);
-                summary.push_str(&format!(
-                    "; a scheduling attempt has run for {:.1}s (budget {:?})",
-                    running.as_secs_f64(),
-                    self.budget
-                ));
-                if running > self.budget + ATTEMPT_GRACE {
-                    return Err(format!("stuck: {summary}"));
+        let mut stuck = false;
+        for (lane, slot) in ["scheduling attempt", "long search"]
+            .iter()
+            .zip(&self.attempt)
+        {
+            match slot.load(Ordering::Relaxed) {
+                0 => summary.push_str(&format!("; no {lane} running")),
+                mark => {
+                    let running = self.since(mark - 1, now);
+                    summary.push_str(&format!(
+                        "; a {lane} has run for {:.1}s (budget {:?})",
+                        running.as_secs_f64(),
+                        self.budget
+                    ));
+                    stuck |= running > self.budget + ATTEMPT_GRACE;
                 }
             }
+        }
+        if stuck {
+            return Err(format!("stuck: {summary}"));
         }
         if let Some(mark) = self.finished.load(Ordering::Relaxed).checked_sub(1) {
             summary.push_str(&format!(
@@ -105,17 +121,22 @@ mod tests {
                 .unwrap()
                 .contains("no scheduling attempt running")
         );
-        h.attempt_started(at(2));
+        h.attempt_started(Lane::Long, at(2));
         h.beat(at(30));
         let busy = h.check(at(30)).unwrap();
-        assert!(busy.contains("has run for 28.0s (budget 10s)"), "{busy}");
+        assert!(
+            busy.contains("a long search has run for 28.0s (budget 10s)"),
+            "{busy}"
+        );
         h.beat(at(33));
         let stuck = h.check(at(33)).unwrap_err();
         assert!(
             stuck.starts_with("stuck: ") && stuck.contains("31.0s"),
             "{stuck}"
         );
-        h.attempt_finished(at(34));
+        h.attempt_started(Lane::Main, at(33));
+        h.attempt_finished(Lane::Long, at(34));
+        h.attempt_finished(Lane::Main, at(34));
         assert!(
             h.check(at(40)).is_ok(),
             "loop turned 7 s ago, nothing running"

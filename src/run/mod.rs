@@ -37,7 +37,7 @@ use kube::{Api, Client};
 use tokio::sync::{Semaphore, mpsc, watch as signal};
 
 use self::config::Config;
-use self::health::Health;
+use self::health::{Health, Lane};
 use self::leader::{Candidate, Fence};
 use self::metrics::Metrics;
 use self::queue::SchedulingQueue;
@@ -235,6 +235,11 @@ async fn client_for(config: &Config) -> anyhow::Result<Client> {
     Ok(Client::try_from(kube_config)?)
 }
 
+/// How long a pod's first try may search for devices. Almost every pod is decided well
+/// within it; one that is not gets its whole budget (`filterTimeout`) on a fork of the
+/// engine in the long-search lane, while the worker goes on with the pods behind it.
+const FIRST_TRY: Duration = Duration::from_millis(500);
+
 /// One scheduling attempt, run on a blocking thread with the engine handed over, so that
 /// the event loop keeps turning while it searches.
 struct Attempt {
@@ -242,14 +247,54 @@ struct Attempt {
     key: ObjectKey,
     decision: Decision,
     elapsed: f64,
+    /// For a pod whose first try ran out of time: a fork of the engine to search on.
+    fork: Option<Engine>,
 }
 
 fn run_attempt(mut engine: Engine, key: ObjectKey, cancel: Arc<AtomicBool>) -> Attempt {
     let started = Instant::now();
+    let budget = engine.config().filter_timeout;
+    let first_try = FIRST_TRY.min(budget);
+    let decision = decide(&mut engine, &key, first_try, &cancel);
+    let fork = (matches!(decision, Decision::OutOfTime { .. }) && first_try < budget)
+        .then(|| engine.fork());
+    Attempt {
+        engine,
+        key,
+        decision,
+        elapsed: started.elapsed().as_secs_f64(),
+        fork,
+    }
+}
+
+/// A pod's search with its whole budget, on a fork of the engine.
+struct LongSearch {
+    key: ObjectKey,
+    decision: Decision,
+    elapsed: f64,
+    /// When the fork was made, to check its decision on the engine ([`Engine::admit`]).
+    forked_at: u64,
+}
+
+fn run_long_search(mut fork: Engine, key: ObjectKey, cancel: Arc<AtomicBool>) -> LongSearch {
+    let started = Instant::now();
+    let budget = fork.config().filter_timeout;
+    let decision = decide(&mut fork, &key, budget, &cancel);
+    LongSearch {
+        forked_at: fork.forked_at().unwrap_or_default(),
+        key,
+        decision,
+        elapsed: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// The engine's decision; a panic in it is caught and reported on the pod, and the
+/// scheduler keeps running.
+fn decide(engine: &mut Engine, key: &ObjectKey, budget: Duration, cancel: &AtomicBool) -> Decision {
     let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        engine.schedule_with(&key, Some(&cancel))
+        engine.schedule_within(key, budget, Some(cancel))
     }));
-    let decision = outcome.unwrap_or_else(|panic| {
+    outcome.unwrap_or_else(|panic| {
         // The cycle does not change the state, only the allocator's view, which is rebuilt.
         engine.state_mut();
         let what = panic
@@ -264,12 +309,27 @@ fn run_attempt(mut engine: Engine, key: ObjectKey, cancel: Arc<AtomicBool>) -> A
                 "internal error in dra-scheduler while scheduling this pod ({what}); it will be retried, please report it"
             ),
         }
-    });
-    Attempt {
-        engine,
-        key,
-        decision,
-        elapsed: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Work on a blocking thread, and how to cancel it.
+struct Running<T> {
+    task: tokio::task::JoinHandle<T>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl<T: Send + 'static> Running<T> {
+    fn spawn(work: impl FnOnce(Arc<AtomicBool>) -> T + Send + 'static) -> Running<T> {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let flag = cancel.clone();
+        Running {
+            task: tokio::task::spawn_blocking(move || work(flag)),
+            cancel,
+        }
+    }
+
+    fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
     }
 }
 
@@ -321,7 +381,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         },
         ClusterInput::default(),
     ));
-    let mut running: Option<(tokio::task::JoinHandle<Attempt>, Arc<AtomicBool>)> = None;
+    let mut running: Option<Running<Attempt>> = None;
+    // The long-search lane: one search at a time, the others wait with their forks.
+    let mut long: Option<Running<LongSearch>> = None;
+    let mut long_waiting: std::collections::VecDeque<(ObjectKey, Engine)> = Default::default();
     // Changes that arrived while the engine was with the worker, in arrival order.
     let mut deferred: Vec<Change> = Vec::new();
     let mut queue = SchedulingQueue::default();
@@ -384,12 +447,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 let engine = engine.as_mut().expect("checked by the guard");
                 book.binding_done(engine, &mut queue, &metrics, &mut user, done);
             }
-            finished = async { (&mut running.as_mut().expect("guarded").0).await }, if running.is_some() => {
+            finished = async { (&mut running.as_mut().expect("guarded").task).await }, if running.is_some() => {
                 running = None;
-                health.attempt_finished(Instant::now());
+                health.attempt_finished(Lane::Main, Instant::now());
                 let attempt = finished.context("the scheduling worker was lost")?;
                 let mut e = attempt.engine;
-                if leading {
+                if let Some(fork) = attempt.fork {
+                    tracing::info!(pod = %attempt.key, "the first try ran out of time: searching with the whole budget while other pods go on");
+                    long_waiting.push_back((attempt.key, fork));
+                } else if leading {
                     let ctx = Ctx { client: &client, metrics: &metrics, done: &done_tx, binds: &binds };
                     book.decided(&mut e, &mut queue, &mut user, &ctx, attempt.key, attempt.decision, attempt.elapsed);
                 } else {
@@ -399,6 +465,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     apply(&mut e, &mut queue, &mut book, &mut informers, change);
                 }
                 engine = Some(e);
+            }
+            finished = async { (&mut long.as_mut().expect("guarded").task).await }, if long.is_some() && engine.is_some() => {
+                long = None;
+                health.attempt_finished(Lane::Long, Instant::now());
+                let search = finished.context("the long-search lane was lost")?;
+                let e = engine.as_mut().expect("checked by the guard");
+                if leading {
+                    let ctx = Ctx { client: &client, metrics: &metrics, done: &done_tx, binds: &binds };
+                    book.decided_on_fork(e, &mut queue, &mut user, &ctx, search);
+                } else {
+                    queue.backoff(&search.key, Instant::now());
+                }
             }
             change = leadership_change(&mut leader_rx) => match change {
                 Some(true) if !leading => {
@@ -440,18 +518,24 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             continue;
         }
         ready.store(true, Ordering::Relaxed);
-        if !leading || running.is_some() {
+        if !leading {
             continue;
         }
-        if let Some(e) = engine.take() {
+        if long.is_none()
+            && let Some((key, fork)) = long_waiting.pop_front()
+        {
+            health.attempt_started(Lane::Long, now);
+            long = Some(Running::spawn(move |cancel| {
+                run_long_search(fork, key, cancel)
+            }));
+        }
+        if running.is_none()
+            && let Some(e) = engine.take()
+        {
             match next_pod(&e, &mut queue, &book) {
                 Some(key) => {
-                    let cancel = Arc::new(AtomicBool::new(false));
-                    health.attempt_started(now);
-                    let worker_cancel = cancel.clone();
-                    let task =
-                        tokio::task::spawn_blocking(move || run_attempt(e, key, worker_cancel));
-                    running = Some((task, cancel));
+                    health.attempt_started(Lane::Main, now);
+                    running = Some(Running::spawn(move |cancel| run_attempt(e, key, cancel)));
                 }
                 None => engine = Some(e),
             }
@@ -465,8 +549,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Stop: no new attempt; the one running is cancelled; bindings in flight finish or
     // undo themselves while the fence still lets them write.
     ready.store(false, Ordering::Relaxed);
-    if let Some((_, cancel)) = &running {
-        cancel.store(true, Ordering::Relaxed);
+    if let Some(running) = &running {
+        running.cancel();
+    }
+    if let Some(long) = &long {
+        long.cancel();
     }
     if matches!(ending, Ending::LostLease) {
         metrics.leader.set(0);
@@ -596,7 +683,7 @@ impl Bookkeeping {
                     let _ = done.send((placement, added, result));
                 });
             }
-            Decision::Unschedulable { pod, message } => {
+            Decision::Unschedulable { pod, message } | Decision::OutOfTime { pod, message } => {
                 metrics
                     .attempts
                     .with_label_values(&["unschedulable"])
@@ -631,6 +718,38 @@ impl Bookkeeping {
                 queue.backoff(&pod, Instant::now());
                 user.failed(pod, uid, message);
             }
+        }
+    }
+
+    /// Take a decision made on a fork: a placement only if it still holds on the engine,
+    /// "nothing fits" then retried soon if anything changed meanwhile.
+    fn decided_on_fork(
+        &mut self,
+        engine: &mut Engine,
+        queue: &mut SchedulingQueue,
+        user: &mut Tell,
+        ctx: &Ctx<'_>,
+        search: LongSearch,
+    ) {
+        let LongSearch {
+            key,
+            decision,
+            elapsed,
+            forked_at,
+        } = search;
+        if let Decision::Scheduled(placement) = &decision
+            && let Err(why) = engine.admit(placement, forked_at)
+        {
+            tracing::info!(pod = %key, %why, "a placement found on a fork no longer holds; trying again");
+            queue.backoff(&key, Instant::now());
+            return;
+        }
+        let stale = engine.changed_since(forked_at);
+        let unplaced = !matches!(decision, Decision::Scheduled(_));
+        self.decided(engine, queue, user, ctx, key.clone(), decision, elapsed);
+        if unplaced && stale {
+            // An event that could help came while the pod was away from the queue.
+            queue.backoff(&key, Instant::now());
         }
     }
 

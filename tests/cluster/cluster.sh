@@ -10,6 +10,11 @@
 #   cluster.sh scheduler [DIR] [NAME]  also start the reference kube-scheduler 1.37, serving
 #                                 pods whose schedulerName is NAME (default-scheduler)
 #   cluster.sh bindir             print the folder of the built binaries
+#   cluster.sh user DIR NAME      write DIR/NAME.kubeconfig for a new user NAME (a client
+#                                 certificate with CN=NAME and no group: it may do only
+#                                 what RBAC grants NAME)
+#   cluster.sh restart-apiserver DIR [SECONDS]  stop kube-apiserver, wait SECONDS (default
+#                                 0), start it again with the same flags and state
 #
 # DIR defaults to tests/cluster/.run/default. Each DIR is an independent cluster on its own
 # free ports, so several test binaries can each have one.
@@ -178,6 +183,60 @@ current-context: test
 EOF
 }
 
+# kube-apiserver on the ports recorded in DIR (also used to restart it).
+start_apiserver() {
+  local dir=$1 etcd_client api_port
+  etcd_client=$(cat "$dir/etcd.port")
+  api_port=$(cat "$dir/apiserver.port")
+  local pki=$dir/pki
+  # --allow-privileged as every real cluster (kubeadm, kind, the clouds) sets it: kubelet
+  # DRA plugins such as the chart's node agent run privileged.
+  start "$dir" kube-apiserver "$BIN/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$etcd_client" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" \
+    --service-account-key-file "$pki/sa.pub" \
+    --service-account-signing-key-file "$pki/sa.key" \
+    --service-account-issuer https://kubernetes.default.svc \
+    --service-cluster-ip-range 10.0.0.0/24 \
+    --authorization-mode Node,RBAC \
+    --runtime-config resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true \
+    --feature-gates "$(feature_gates)" \
+    --endpoint-reconciler-type none \
+    --disable-admission-plugins TaintNodesByCondition \
+    --enable-priority-and-fairness=false \
+    --profiling=false \
+    --allow-privileged=true
+}
+
+restart_apiserver() {
+  local dir=$1 pause=${2:-0} pid i
+  [[ -f "$dir/pids/kube-apiserver" ]] || die "no cluster in $dir"
+  pid=$(cat "$dir/pids/kube-apiserver")
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < 120; i++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.25
+  done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  sleep "$pause"
+  start_apiserver "$dir"
+  wait_for kube-apiserver 180 "$dir" \
+    "$BIN/kubectl" --kubeconfig "$dir/admin.kubeconfig" get --raw /readyz
+  log "kube-apiserver restarted in $dir"
+}
+
+# A client certificate and kubeconfig for user NAME (no groups).
+user() {
+  local dir=$1 name=$2
+  [[ -f "$dir/admin.kubeconfig" ]] || die "no cluster in $dir (cluster.sh up $dir first)"
+  [[ $name =~ ^[a-z0-9][a-z0-9.-]*$ ]] || die "user name $name: lower-case letters, digits, '.' and '-' only"
+  (cd "$dir/pki" && leaf "$name" "/CN=$name" client.ext)
+  kubeconfig "$dir" "$name" "$(cat "$dir/apiserver.port")"
+  echo "$dir/$name.kubeconfig"
+}
+
 up() {
   local dir=$1
   build
@@ -204,26 +263,9 @@ up() {
   wait_for etcd 60 "$dir" \
     curl -sf "http://127.0.0.1:$etcd_client/health" || { down "$dir"; exit 1; }
 
+  echo "$etcd_client" >"$dir/etcd.port"
+  start_apiserver "$dir"
   local pki=$dir/pki
-  # --allow-privileged as every real cluster (kubeadm, kind, the clouds) sets it: kubelet
-  # DRA plugins such as the chart's node agent run privileged.
-  start "$dir" kube-apiserver "$BIN/kube-apiserver" \
-    --etcd-servers "http://127.0.0.1:$etcd_client" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
-    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
-    --client-ca-file "$pki/ca.crt" \
-    --service-account-key-file "$pki/sa.pub" \
-    --service-account-signing-key-file "$pki/sa.key" \
-    --service-account-issuer https://kubernetes.default.svc \
-    --service-cluster-ip-range 10.0.0.0/24 \
-    --authorization-mode Node,RBAC \
-    --runtime-config resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true \
-    --feature-gates "$(feature_gates)" \
-    --endpoint-reconciler-type none \
-    --disable-admission-plugins TaintNodesByCondition \
-    --enable-priority-and-fairness=false \
-    --profiling=false \
-    --allow-privileged=true
   kubeconfig "$dir" admin "$api_port"
   kubeconfig "$dir" controller-manager "$api_port"
   kubeconfig "$dir" scheduler "$api_port"
@@ -332,5 +374,7 @@ case "${1:-}" in
   down) down "$(resolve_dir "${2:-}")" ;;
   env) env_cmd "$(resolve_dir "${2:-}")" ;;
   scheduler) scheduler "$(resolve_dir "${2:-}")" "${3:-}" ;;
-  *) echo "usage: $0 build|up|down|env|scheduler|bindir [DIR]" >&2; exit 2 ;;
+  user) user "$(resolve_dir "${2:-}")" "${3:?user NAME}" ;;
+  restart-apiserver) restart_apiserver "$(resolve_dir "${2:-}")" "${3:-0}" ;;
+  *) echo "usage: $0 build|up|down|env|scheduler|bindir|user|restart-apiserver [DIR]" >&2; exit 2 ;;
 esac

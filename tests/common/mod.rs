@@ -1,9 +1,14 @@
 //! Helpers shared by the live tests: a `dra-scheduler run` process and a synthetic fleet.
 #![allow(dead_code)]
 
+use std::collections::HashSet;
 use std::process::{Child, Command, Stdio};
 
-use test_cluster::{TestCluster, free_port};
+use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Api;
+use kube::api::ListParams;
+use test_cluster::{TestCluster, eventually, free_port};
 
 /// A scheduler process, stopped (SIGKILL) when dropped.
 pub struct Daemon {
@@ -20,10 +25,16 @@ impl Drop for Daemon {
 }
 
 pub fn start_scheduler_with(cluster: &TestCluster, extra: &[&str]) -> Daemon {
+    start_scheduler_as(cluster.kubeconfig_path(), extra)
+}
+
+/// A scheduler that talks to the API server with `kubeconfig` (another identity than
+/// cluster-admin).
+pub fn start_scheduler_as(kubeconfig: &std::path::Path, extra: &[&str]) -> Daemon {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_dra-scheduler"))
         .args(["run", "--kubeconfig"])
-        .arg(cluster.kubeconfig_path())
+        .arg(kubeconfig)
         .args(["--metrics-bind-address", &format!("127.0.0.1:{port}")])
         .args(extra)
         .stdout(Stdio::null())
@@ -80,4 +91,116 @@ pub fn apply_burst(cluster: &TestCluster, replicas: usize, scheduler: &str) {
 pub fn apply_fleet_and_burst(cluster: &TestCluster, nodes: usize, gpus: usize, replicas: usize) {
     apply_fleet(cluster, nodes, gpus);
     apply_burst(cluster, replicas, "dra-scheduler");
+}
+
+pub fn apply(cluster: &TestCluster, paths: &[&str]) {
+    let mut cmd = cluster.kubectl();
+    cmd.arg("apply");
+    for p in paths {
+        cmd.arg("-f")
+            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(p));
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub fn kubectl_ok(cluster: &TestCluster, args: &[&str]) {
+    let out = cluster.kubectl().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub fn node_of(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref()?.node_name.as_deref()
+}
+
+pub fn devices(claim: &ResourceClaim) -> Vec<(String, String)> {
+    claim
+        .status
+        .iter()
+        .flat_map(|s| s.allocation.iter())
+        .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
+        .map(|r| {
+            (
+                r.request.clone(),
+                format!("{}/{}/{}", r.driver, r.pool, r.device),
+            )
+        })
+        .collect()
+}
+
+pub async fn wait_bound(pods: &Api<Pod>, n: usize) -> Vec<Pod> {
+    eventually(&format!("{n} pods bound"), 120, || async {
+        let list = pods.list(&ListParams::default()).await.ok()?.items;
+        (list.iter().filter(|p| node_of(p).is_some()).count() >= n).then_some(list)
+    })
+    .await
+}
+
+pub async fn scrape(url: &str) -> Option<String> {
+    get(url, "/metrics")
+        .filter(|(code, _)| *code == 200)
+        .map(|(_, body)| body)
+}
+
+/// `GET base/path`: the HTTP status and the body, if anything answered.
+pub fn get(base: &str, path: &str) -> Option<(u16, String)> {
+    let out = Command::new("curl")
+        .args(["-s", "-w", "\n%{http_code}", &format!("{base}{path}")])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n')?;
+    let code: u16 = code.trim().parse().ok()?;
+    (code != 0).then(|| (code, body.to_string()))
+}
+
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} not found"))
+}
+
+/// Every allocated device appears once; returns how many there are.
+pub async fn assert_no_device_twice(client: &kube::Client) -> usize {
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let mut seen = HashSet::new();
+    for claim in &claims {
+        for (_, device) in devices(claim) {
+            assert!(seen.insert(device.clone()), "{device} is allocated twice");
+        }
+    }
+    seen.len()
+}
+
+/// Events about one object, as "reason: message".
+pub async fn events_about(client: &kube::Client, name: &str) -> Vec<String> {
+    Api::<Event>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default()
+            )
+        })
+        .collect()
 }

@@ -15,6 +15,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use rayon::prelude::*;
 
+use crate::changes::Changes;
 use crate::extended;
 use crate::filters;
 use crate::resources::pod_requests;
@@ -132,6 +133,12 @@ pub enum Decision {
         pod: ObjectKey,
         message: String,
     },
+    /// The device search ran out of its budget before it found devices or proved there
+    /// are none; `message` names the claims. The pod is unschedulable for now.
+    OutOfTime {
+        pod: ObjectKey,
+        message: String,
+    },
 }
 
 impl Decision {
@@ -145,16 +152,18 @@ impl Decision {
     pub fn message(&self) -> Option<&str> {
         match self {
             Decision::Scheduled(_) => None,
-            Decision::Unschedulable { message, .. } | Decision::Error { message, .. } => {
-                Some(message)
-            }
+            Decision::Unschedulable { message, .. }
+            | Decision::Error { message, .. }
+            | Decision::OutOfTime { message, .. } => Some(message),
         }
     }
 
     pub fn pod(&self) -> &ObjectKey {
         match self {
             Decision::Scheduled(p) => &p.pod,
-            Decision::Unschedulable { pod, .. } | Decision::Error { pod, .. } => pod,
+            Decision::Unschedulable { pod, .. }
+            | Decision::Error { pod, .. }
+            | Decision::OutOfTime { pod, .. } => pod,
         }
     }
 }
@@ -170,6 +179,10 @@ pub struct Engine {
     selector_cache: Option<Arc<SelectorCache>>,
     /// Allocator search steps (requests and devices tried) in the last cycle, all nodes.
     search_steps: AtomicU64,
+    /// When each part of the state last changed, to check decisions made on a fork.
+    changes: Changes,
+    /// For a fork: the engine's clock when it was made.
+    forked_at: Option<u64>,
 }
 
 /// A node that passed or failed, with why.
@@ -223,6 +236,67 @@ impl Engine {
             snapshot: None,
             selector_cache: None,
             search_steps: AtomicU64::new(0),
+            changes: Changes::default(),
+            forked_at: None,
+        }
+    }
+
+    /// A copy of the engine for one long search, so that this one can go on placing other
+    /// pods meanwhile. The copy builds its own allocator view (selector results are shared).
+    /// What it decides is checked with [`Engine::admit`] before it is taken here.
+    pub fn fork(&self) -> Engine {
+        Engine {
+            config: self.config.clone(),
+            state: self.state.clone(),
+            snapshot: None,
+            selector_cache: self.selector_cache.clone(),
+            search_steps: AtomicU64::new(0),
+            changes: Changes::default(),
+            forked_at: Some(self.changes.now()),
+        }
+    }
+
+    /// Whether anything at all changed since `mark` (a fork's [`Engine::forked_at`]): a
+    /// fork's "nothing fits" may then be out of date.
+    pub fn changed_since(&self, mark: u64) -> bool {
+        self.changes.now() > mark
+    }
+
+    /// For a fork, when it was made (pass it to [`Engine::admit`] on the original).
+    pub fn forked_at(&self) -> Option<u64> {
+        self.forked_at
+    }
+
+    /// Whether a placement decided on a fork made at `forked_at` still holds here: the pod
+    /// is the same and unbound, its claims are as the fork saw them, and nothing changed on
+    /// its node, in the pools of its devices or among the DRA objects. `Err` says what
+    /// changed; the pod should then be tried again.
+    pub fn admit(&self, placement: &Placement, forked_at: u64) -> Result<(), String> {
+        let key = &placement.pod;
+        match self.state.pods.get(key) {
+            Some(pod) if pod.metadata.uid == placement.pod_uid && bound_node(pod).is_none() => {}
+            _ => return Err(format!("pod {key} changed while it was searched for")),
+        }
+        for decision in placement.claims.iter().filter(|d| !d.create) {
+            let now = self.state.claims.get(&decision.key);
+            if now.map(|c| &c.metadata.resource_version)
+                != Some(&decision.claim.metadata.resource_version)
+            {
+                return Err(format!(
+                    "ResourceClaim {} changed while it was searched for",
+                    decision.key
+                ));
+            }
+        }
+        let pools = placement
+            .claims
+            .iter()
+            .flat_map(|d| d.allocation.iter())
+            .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
+            .map(|r| (r.driver.as_str(), r.pool.as_str()));
+        match self.changes.since(forked_at, key, &placement.node, pools) {
+            Some(what) => Err(format!("{what} while pod {key} was searched for")),
+            None => Ok(()),
         }
     }
 
@@ -274,6 +348,7 @@ impl Engine {
     /// Change the state; the allocator's view is rebuilt on the next cycle.
     pub fn state_mut(&mut self) -> &mut ClusterState {
         self.snapshot = None;
+        self.changes.dra_objects();
         &mut self.state
     }
 
@@ -410,9 +485,20 @@ impl Engine {
     /// it stops leading or shuts down). Either way the device search of one pod is bounded
     /// by [`EngineConfig::filter_timeout`].
     pub fn schedule_with(&mut self, pod_key: &ObjectKey, cancel: Option<&AtomicBool>) -> Decision {
+        self.schedule_within(pod_key, self.config.filter_timeout, cancel)
+    }
+
+    /// [`Engine::schedule_with`] with a budget of its own for the device search (a first,
+    /// short try; the daemon gives a pod that needs more the whole budget on a fork).
+    pub fn schedule_within(
+        &mut self,
+        pod_key: &ObjectKey,
+        budget: Duration,
+        cancel: Option<&AtomicBool>,
+    ) -> Decision {
         self.search_steps.store(0, Ordering::Relaxed);
         let limits = Limits {
-            deadline: Some(Instant::now() + self.config.filter_timeout),
+            deadline: Some(Instant::now() + budget),
             cancel,
         };
         let Some(pod) = self.state.pods.get(pod_key).cloned() else {
@@ -629,11 +715,18 @@ impl Engine {
                         message: "scheduling attempt cancelled".into(),
                     };
                 }
-                return unschedulable(format!(
-                    "timed out trying to allocate devices: the search for ResourceClaim {} ran past the filterTimeout of {:?} ({checked} of {total} nodes checked)",
-                    claims.join(", "),
-                    self.config.filter_timeout
-                ));
+                return Decision::OutOfTime {
+                    pod: pod_key.clone(),
+                    message: format!(
+                        "timed out trying to allocate devices: the search for ResourceClaim {} ran past {} of {budget:?} ({checked} of {total} nodes checked)",
+                        claims.join(", "),
+                        if budget == self.config.filter_timeout {
+                            "the filterTimeout"
+                        } else {
+                            "a first try"
+                        },
+                    ),
+                };
             }
             if let Some(NodeResult::Error(message)) =
                 part.iter().find(|r| matches!(r, NodeResult::Error(_)))
@@ -774,6 +867,7 @@ impl Engine {
                 .get_or_insert_with(ResourceClaimStatus::default);
             if let Some(allocation) = &decision.allocation {
                 status.allocation = Some(allocation.clone());
+                self.changes.allocation(allocation);
                 if let Some(snapshot) = self.snapshot.as_mut().and_then(Arc::get_mut) {
                     snapshot.add_allocation(allocation);
                 } else {
@@ -790,7 +884,7 @@ impl Engine {
             && (placement.pod_uid.is_none() || pod.metadata.uid == placement.pod_uid)
         {
             pod.spec.get_or_insert_with(Default::default).node_name = Some(placement.node.clone());
-            self.state.upsert_pod(pod);
+            self.upsert_pod(pod);
         }
     }
 
@@ -841,11 +935,12 @@ impl Engine {
             if let Some(spec) = pod.spec.as_mut() {
                 spec.node_name = None;
             }
-            self.state.upsert_pod(pod);
+            self.upsert_pod(pod);
         }
     }
 
     fn release(&mut self, allocation: &AllocationResult) {
+        self.changes.allocation(allocation);
         if let Some(snapshot) = self.snapshot.as_mut().and_then(Arc::get_mut) {
             snapshot.remove_allocation(allocation);
         } else {
@@ -994,20 +1089,37 @@ fn allocation_of(claim: Option<&ResourceClaim>) -> Option<AllocationResult> {
 /// [`Engine::state_mut`], which rebuilds it on the next cycle.
 impl Engine {
     pub fn upsert_pod(&mut self, pod: Pod) {
+        let key = ObjectKey::of(&pod.metadata);
+        self.changes.pod(&key);
+        let old = self
+            .state
+            .pods
+            .get(&key)
+            .and_then(bound_node)
+            .map(str::to_string);
+        for node in old.iter().map(String::as_str).chain(bound_node(&pod)) {
+            self.changes.node(node);
+        }
         self.state.upsert_pod(pod);
     }
 
     pub fn remove_pod(&mut self, key: &ObjectKey) {
-        self.state.remove_pod(key);
+        self.changes.forget_pod(key);
+        if let Some(node) = self.state.remove_pod(key).as_ref().and_then(bound_node) {
+            self.changes.node(node);
+        }
     }
 
     /// Nodes are not part of the allocator's view (it is given the node per attempt), so
     /// node updates, frequent in a real cluster, leave it alone.
     pub fn upsert_node(&mut self, node: k8s_openapi::api::core::v1::Node) {
+        self.changes
+            .node(node.metadata.name.as_deref().unwrap_or_default());
         self.state.upsert_node(node);
     }
 
     pub fn remove_node(&mut self, name: &str) {
+        self.changes.node(name);
         self.state.remove_node(name);
     }
 
@@ -1037,6 +1149,9 @@ impl Engine {
     ) {
         if old == new {
             return;
+        }
+        for allocation in old.into_iter().chain(new) {
+            self.changes.allocation(allocation);
         }
         match self.snapshot.as_mut().and_then(Arc::get_mut) {
             Some(snapshot) => {

@@ -26,6 +26,7 @@
 //! assert_eq!(decision.node(), Some("n1"));
 //! ```
 
+mod changes;
 pub mod engine;
 pub mod extended;
 pub mod filters;

@@ -130,7 +130,7 @@ pub fn bound_node(pod: &Pod) -> Option<&str> {
 }
 
 /// The cluster state, indexed for the scheduling cycle.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct ClusterState {
     pub nodes: BTreeMap<String, NodeInfo>,
     pub pods: HashMap<ObjectKey, Pod>,

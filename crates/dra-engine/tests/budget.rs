@@ -92,8 +92,8 @@ fn a_search_past_the_filter_timeout_makes_the_pod_unschedulable_naming_the_claim
         (hard, engine.last_search_steps())
     });
     let (hard, _) = &decision;
-    let Decision::Unschedulable { message, .. } = hard else {
-        panic!("expected unschedulable, got {hard:?}");
+    let Decision::OutOfTime { message, .. } = hard else {
+        panic!("expected out of time, got {hard:?}");
     };
     assert!(
         message.starts_with("timed out trying to allocate devices: the search for ResourceClaim default/zoned ran past the filterTimeout of 200ms"),

@@ -392,3 +392,36 @@ fn a_node_update_keeps_what_its_pods_use() {
     e.upsert_node(node("n1", "4"));
     assert_eq!(e.schedule(&key("waiting")).node(), Some("n1"));
 }
+
+#[test]
+fn a_decision_made_on_a_fork_is_taken_only_if_what_it_relies_on_did_not_change() {
+    let mut e = engine(ClusterInput {
+        nodes: vec![node("n1", "8"), node("n2", "8")],
+        classes: vec![class()],
+        slices: vec![gpus("n1", 1), gpus("n2", 1)],
+        claims: vec![claim("a"), claim("b")],
+        pods: vec![pod("a", Some("a"), "1", 0), pod("b", Some("b"), "1", 0)],
+        ..Default::default()
+    });
+    let mut fork = e.fork();
+    let mark = fork.forked_at().expect("a fork knows when it was made");
+    let Decision::Scheduled(on_fork) = fork.schedule(&key("a")) else {
+        panic!("a fits")
+    };
+    assert_eq!(devices(&Decision::Scheduled(on_fork.clone())), ["n1/gpu-0"]);
+    // Changes elsewhere do not matter.
+    e.upsert_node(node("n2", "8"));
+    assert_eq!(e.admit(&on_fork, mark), Ok(()));
+    // Meanwhile b took n1's only GPU on the engine itself.
+    let b = e.schedule(&key("b"));
+    assert_eq!(devices(&b), ["n1/gpu-0"]);
+    let Decision::Scheduled(placement_b) = &b else {
+        unreachable!()
+    };
+    e.assume(placement_b);
+    let refused = e.admit(&on_fork, mark).unwrap_err();
+    assert_eq!(
+        refused,
+        "allocations in pool gpu.example.com/n1 changed while pod default/a was searched for"
+    );
+}

@@ -170,15 +170,33 @@ impl TestCluster {
     /// Start the reference kube-scheduler 1.37 for pods whose `schedulerName` is
     /// `scheduler_name`. Call it once per cluster.
     pub fn start_reference_scheduler(&self, scheduler_name: &str) -> Result<(), String> {
+        self.script(&["scheduler", scheduler_name]).map(|_| ())
+    }
+
+    /// A kubeconfig for a new user `name` with no rights but what RBAC grants that user.
+    pub fn user_kubeconfig(&self, name: &str) -> Result<PathBuf, String> {
+        self.script(&["user", name])
+            .map(|out| PathBuf::from(out.trim()))
+    }
+
+    /// Stop kube-apiserver, wait `pause_seconds`, and start it again on the same state;
+    /// returns once it is ready.
+    pub fn restart_apiserver(&self, pause_seconds: u32) -> Result<(), String> {
+        self.script(&["restart-apiserver", &pause_seconds.to_string()])
+            .map(|_| ())
+    }
+
+    /// Runs `cluster.sh COMMAND DIR ARGS...`; its standard output, or its error output.
+    fn script(&self, args: &[&str]) -> Result<String, String> {
         let out = Command::new("bash")
             .arg(repo_root().join("tests/cluster/cluster.sh"))
-            .arg("scheduler")
+            .arg(args[0])
             .arg(&self.dir)
-            .arg(scheduler_name)
+            .args(&args[1..])
             .output()
             .map_err(|e| e.to_string())?;
         if out.status.success() {
-            Ok(())
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
             Err(String::from_utf8_lossy(&out.stderr).into_owned())
         }
