@@ -655,6 +655,26 @@ mod tests {
     }
 
     #[test]
+    fn files_stop_being_read_past_the_total() {
+        let dir = std::env::temp_dir().join(format!("simulate-total-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("node.yaml");
+        std::fs::write(&file, "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\n").unwrap();
+        let mut total = 60;
+        assert!(read(&file, &mut total).is_ok());
+        assert_eq!(total, 60 - 47);
+        let err = read(&file, &mut total).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{}: the manifests add up to more than simulate reads in one run (256 MiB)",
+                file.display()
+            )
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn services_are_ignored_not_rejected() {
         let m = parse("apiVersion: v1\nkind: Service\nmetadata: {name: web}\n").unwrap();
         assert!(m.objects.is_empty());
