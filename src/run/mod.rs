@@ -291,9 +291,18 @@ fn run_long_search(mut fork: Engine, key: ObjectKey, cancel: Arc<AtomicBool>) ->
 /// The engine's decision; a panic in it is caught and reported on the pod, and the
 /// scheduler keeps running.
 fn decide(engine: &mut Engine, key: &ObjectKey, budget: Duration, cancel: &AtomicBool) -> Decision {
-    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+    guarded(engine, key, |engine| {
         engine.schedule_within(key, budget, Some(cancel))
-    }));
+    })
+}
+
+/// Runs one attempt; a panic in it becomes an error decision for that pod.
+fn guarded(
+    engine: &mut Engine,
+    key: &ObjectKey,
+    attempt: impl FnOnce(&mut Engine) -> Decision,
+) -> Decision {
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| attempt(&mut *engine)));
     outcome.unwrap_or_else(|panic| {
         // The cycle does not change the state, only the allocator's view, which is rebuilt.
         engine.state_mut();
@@ -1113,6 +1122,41 @@ mod tests {
         );
         // Without a list in progress, nothing is called gone.
         assert!(informers.gone("Pod", pods(&["a"]).into_iter()).is_empty());
+    }
+
+    #[test]
+    fn a_panic_in_one_attempt_is_reported_on_its_pod_and_the_next_pod_is_placed() {
+        let node: Node = serde_json::from_value(serde_json::json!({"metadata": {"name": "n1"},
+            "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"}}}))
+        .unwrap();
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "next", "namespace": "default"},
+            "spec": {"schedulerName": "dra-scheduler", "containers": [{"name": "c"}]}}))
+        .unwrap();
+        let mut engine = Engine::new(
+            EngineConfig::default(),
+            ClusterInput {
+                nodes: vec![node],
+                pods: vec![pod],
+                ..Default::default()
+            },
+        );
+        let bad = ObjectKey::new("default", "bad");
+        let decision = guarded(&mut engine, &bad, |_| panic!("index out of bounds"));
+        match decision {
+            Decision::Error { pod, message } => {
+                assert_eq!(pod, bad);
+                assert_eq!(
+                    message,
+                    "internal error in dra-scheduler while scheduling this pod (index out of bounds); it will be retried, please report it"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let next = ObjectKey::new("default", "next");
+        let cancel = AtomicBool::new(false);
+        let placed = decide(&mut engine, &next, Duration::from_secs(10), &cancel);
+        assert_eq!(placed.node(), Some("n1"));
     }
 
     #[test]
