@@ -14,8 +14,9 @@ use test_cluster::{TestCluster, eventually};
 
 mod common;
 use common::{
-    Daemon, apply, apply_fleet_and_burst, assert_no_device_twice, devices, events_about,
-    kubectl_ok, metric, node_of, scrape, start_scheduler_with, wait_bound,
+    Daemon, apply, apply_fleet_and_burst, assert_claims_agree_with_pods, assert_no_device_twice,
+    devices, events_about, kubectl_ok, leader_of, metric, node_of, scrape, start_scheduler_with,
+    wait_bound,
 };
 
 fn start_scheduler(cluster: &TestCluster) -> Daemon {
@@ -270,12 +271,6 @@ async fn two_hundred_pods_compete_for_a_hundred_gpus_without_doubling() {
     }
 }
 
-async fn leader_of(daemon: &Daemon) -> Option<f64> {
-    scrape(&daemon.metrics)
-        .await
-        .map(|text| metric(&text, "dra_scheduler_leader"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_takes_over_within_15_seconds_when_the_leader_dies() {
     let cluster = TestCluster::dedicated();
@@ -360,39 +355,11 @@ async fn killing_the_scheduler_repeatedly_loses_and_doubles_nothing() {
 
     let list = pods.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(list.len(), 300);
-    let bound: HashSet<String> = list
-        .iter()
-        .filter(|p| node_of(p).is_some())
-        .map(|p| p.metadata.name.clone().unwrap())
-        .collect();
-    assert_eq!(bound.len(), 160, "every GPU used once, no pod more");
+    let bound = list.iter().filter(|p| node_of(p).is_some()).count();
+    assert_eq!(bound, 160, "every GPU used once, no pod more");
     assert_eq!(assert_no_device_twice(&client).await, 160);
-    // Every allocated claim is used by a bound pod: nothing allocated for a pod that never
-    // got bound is left behind.
-    let claims = Api::<ResourceClaim>::namespaced(client.clone(), "default")
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items;
-    let mut allocated = 0;
-    for claim in &claims {
-        let Some(status) = claim.status.as_ref().filter(|s| s.allocation.is_some()) else {
-            continue;
-        };
-        allocated += 1;
-        let users: Vec<&str> = status
-            .reserved_for
-            .iter()
-            .flatten()
-            .map(|r| r.name.as_str())
-            .collect();
-        assert!(
-            users.len() == 1 && bound.contains(users[0]),
-            "claim {:?} is allocated for {users:?}, not a bound pod",
-            claim.metadata.name
-        );
-    }
-    assert_eq!(allocated, 160);
+    // Nothing allocated for a pod that never got bound is left behind.
+    assert_eq!(assert_claims_agree_with_pods(&client, &list).await, 160);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,12 +5,12 @@
 //!   no pod is scheduled twice;
 //! - an API server restart in the middle of a 200-pod run loses and doubles nothing.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Event, Pod};
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use serde::Deserialize;
@@ -18,8 +18,8 @@ use test_cluster::{TestCluster, eventually};
 
 mod common;
 use common::{
-    Daemon, apply, apply_burst, apply_fleet, apply_fleet_and_burst, assert_no_device_twice,
-    events_about, get, kubectl_ok, metric, node_of, scrape, start_scheduler_as,
+    Daemon, apply, apply_burst, apply_fleet, apply_fleet_and_burst, assert_claims_agree_with_pods,
+    assert_no_device_twice, events_about, get, kubectl_ok, leader_of, node_of, start_scheduler_as,
     start_scheduler_with, wait_bound,
 };
 
@@ -166,12 +166,6 @@ async fn scheduled_events(client: &kube::Client) -> HashMap<String, i32> {
     count
 }
 
-async fn leader_of(daemon: &Daemon) -> Option<f64> {
-    scrape(&daemon.metrics)
-        .await
-        .map(|text| metric(&text, "dra_scheduler_leader"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_cannot_renew_its_lease_stops_before_a_standby_takes_over() {
     let cluster = TestCluster::dedicated();
@@ -304,53 +298,8 @@ async fn restart_in_a_200_pod_run(args: &[&str]) {
 
     let list = pods.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(list.len(), 200, "no pod lost");
-    let bound: HashMap<String, String> = list
-        .iter()
-        .filter(|p| node_of(p).is_some())
-        .map(|p| {
-            (
-                p.metadata.name.clone().unwrap(),
-                p.metadata.uid.clone().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(bound.len(), 100, "every GPU used once, no pod more");
+    let bound = list.iter().filter(|p| node_of(p).is_some()).count();
+    assert_eq!(bound, 100, "every GPU used once, no pod more");
     assert_eq!(assert_no_device_twice(&client).await, 100);
-    // Every claim agrees with its pod: allocated and reserved (by UID) exactly for a bound
-    // pod; the claims of pending pods hold nothing.
-    let claims = Api::<ResourceClaim>::namespaced(client.clone(), "default")
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items;
-    let mut users = HashSet::new();
-    for claim in &claims {
-        let owner = claim
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.kind == "Pod")
-            .map(|o| o.name.clone())
-            .unwrap_or_default();
-        let status = claim.status.clone().unwrap_or_default();
-        let reserved = status.reserved_for.unwrap_or_default();
-        match bound.get(&owner) {
-            Some(uid) => {
-                assert!(
-                    status.allocation.is_some(),
-                    "claim of bound pod {owner} is allocated"
-                );
-                assert_eq!(reserved.len(), 1, "claim of {owner}: {reserved:?}");
-                assert_eq!((&reserved[0].name, &reserved[0].uid), (&owner, uid));
-                users.insert(owner);
-            }
-            None => assert!(
-                status.allocation.is_none() && reserved.is_empty(),
-                "claim of pending pod {owner} holds {:?} for {reserved:?}",
-                status.allocation
-            ),
-        }
-    }
-    assert_eq!(users.len(), 100);
+    assert_eq!(assert_claims_agree_with_pods(&client, &list).await, 100);
 }

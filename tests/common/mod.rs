@@ -204,3 +204,59 @@ pub async fn events_about(client: &kube::Client, name: &str) -> Vec<String> {
         })
         .collect()
 }
+
+/// The `dra_scheduler_leader` gauge of a replica, if it answers.
+pub async fn leader_of(daemon: &Daemon) -> Option<f64> {
+    scrape(&daemon.metrics)
+        .await
+        .map(|text| metric(&text, "dra_scheduler_leader"))
+}
+
+/// Every claim in `default` agrees with its pod: a claim made for a bound pod (of `pods`)
+/// is allocated and reserved, by UID, for that pod alone; the claim of a pending pod holds
+/// no devices and no reservation. Returns the bound pods whose claims were checked.
+pub async fn assert_claims_agree_with_pods(client: &kube::Client, pods: &[Pod]) -> usize {
+    let bound: std::collections::HashMap<String, String> = pods
+        .iter()
+        .filter(|p| node_of(p).is_some())
+        .map(|p| {
+            let meta = &p.metadata;
+            (meta.name.clone().unwrap(), meta.uid.clone().unwrap())
+        })
+        .collect();
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let mut users = HashSet::new();
+    for claim in &claims {
+        let owner = claim
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.kind == "Pod")
+            .map(|o| o.name.clone())
+            .unwrap_or_default();
+        let status = claim.status.clone().unwrap_or_default();
+        let reserved = status.reserved_for.unwrap_or_default();
+        match bound.get(&owner) {
+            Some(uid) => {
+                assert!(
+                    status.allocation.is_some(),
+                    "claim of bound pod {owner} is allocated"
+                );
+                assert_eq!(reserved.len(), 1, "claim of {owner}: {reserved:?}");
+                assert_eq!((&reserved[0].name, &reserved[0].uid), (&owner, uid));
+                users.insert(owner);
+            }
+            None => assert!(
+                status.allocation.is_none() && reserved.is_empty(),
+                "claim of pending pod {owner} holds {:?} for {reserved:?}",
+                status.allocation
+            ),
+        }
+    }
+    users.len()
+}
