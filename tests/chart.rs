@@ -225,11 +225,14 @@ fn lint_and_render() {
             "maxConcurrentBinds": 16,
             "clientQPS": 100,
             "clientBurst": 200,
+            "filterTimeoutSeconds": 10,
             "leaderElection": {
                 "leaderElect": true,
                 "leaseName": "dra-scheduler",
                 "leaseNamespace": "kube-system",
                 "leaseDurationSeconds": 10,
+                "renewDeadlineSeconds": 7,
+                "retryPeriodSeconds": 2,
             },
         })
     );
@@ -475,7 +478,8 @@ fn values_change_what_is_rendered() {
     assert_eq!(cfg["metricsBindAddress"], "0.0.0.0:9100");
     assert_eq!(
         cfg["leaderElection"],
-        json!({"leaderElect": true, "leaseName": "gpu-scheduler", "leaseNamespace": "dra-system", "leaseDurationSeconds": 15})
+        json!({"leaderElect": true, "leaseName": "gpu-scheduler", "leaseNamespace": "dra-system",
+            "leaseDurationSeconds": 15, "renewDeadlineSeconds": 7, "retryPeriodSeconds": 2})
     );
     assert_eq!(
         object(&docs, "Role", None)["metadata"]["namespace"],

@@ -126,6 +126,7 @@ percentageOfNodesToScore: {{ int .Values.config.percentageOfNodesToScore }}
 maxConcurrentBinds: {{ int .Values.config.maxConcurrentBinds }}
 clientQPS: {{ .Values.config.clientQPS }}
 clientBurst: {{ int .Values.config.clientBurst }}
+filterTimeoutSeconds: {{ .Values.config.filterTimeoutSeconds }}
 {{- with .Values.config.scoring }}
 scoring:
   {{- toYaml . | nindent 2 }}
@@ -135,4 +136,6 @@ leaderElection:
   leaseName: {{ include "dra-scheduler.leaseName" . | quote }}
   leaseNamespace: {{ include "dra-scheduler.leaseNamespace" . | quote }}
   leaseDurationSeconds: {{ int .Values.leaderElection.leaseDurationSeconds }}
+  renewDeadlineSeconds: {{ int .Values.leaderElection.renewDeadlineSeconds }}
+  retryPeriodSeconds: {{ int .Values.leaderElection.retryPeriodSeconds }}
 {{- end }}
