@@ -224,6 +224,8 @@ pub fn claim_for(
                 api_version: "v1".into(),
                 kind: "Pod".into(),
                 name,
+                // The pod itself, not any pod of the same name.
+                uid: pod.metadata.uid.clone().unwrap_or_default(),
                 controller: Some(true),
                 block_owner_deletion: Some(true),
                 ..Default::default()

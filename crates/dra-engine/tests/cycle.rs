@@ -412,16 +412,28 @@ fn a_decision_made_on_a_fork_is_taken_only_if_what_it_relies_on_did_not_change()
     // Changes elsewhere do not matter.
     e.upsert_node(node("n2", "8"));
     assert_eq!(e.admit(&on_fork, mark), Ok(()));
-    // Meanwhile b took n1's only GPU on the engine itself.
-    let b = e.schedule(&key("b"));
-    assert_eq!(devices(&b), ["n1/gpu-0"]);
-    let Decision::Scheduled(placement_b) = &b else {
-        unreachable!()
-    };
-    e.assume(placement_b);
-    let refused = e.admit(&on_fork, mark).unwrap_err();
+    // Meanwhile another scheduler gave n1's only GPU to claim b.
+    let mut taken = claim("b");
+    taken.status = serde_json::from_value(json!({"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.example.com", "pool": "n1", "device": "gpu-0"}]}}}))
+    .unwrap();
+    e.upsert_claim(taken);
     assert_eq!(
-        refused,
+        e.admit(&on_fork, mark).unwrap_err(),
         "allocations in pool gpu.example.com/n1 changed while pod default/a was searched for"
+    );
+    // A pod bound to the node changes what it has left.
+    let mut fork = e.fork();
+    let mark = fork.forked_at().unwrap();
+    let Decision::Scheduled(on_fork) = fork.schedule(&key("a")) else {
+        panic!("a fits on n2")
+    };
+    assert_eq!(on_fork.node, "n2");
+    let mut bound = pod("elsewhere", None, "1", 0);
+    bound.spec.as_mut().unwrap().node_name = Some("n2".into());
+    e.upsert_pod(bound);
+    assert_eq!(
+        e.admit(&on_fork, mark).unwrap_err(),
+        "node n2 or its pods changed while pod default/a was searched for"
     );
 }
