@@ -1,15 +1,23 @@
-//! The benchmark scenarios (issue 4, a–e), shared by the criterion benches and the
-//! reference-timing test so both run exactly the same snapshots.
+//! The benchmark scenarios (issue 4, a–e; issue 12, f–h), shared by the criterion benches,
+//! the reference-timing test (a–e) and the scenario tests, so all run the same snapshots.
 #![allow(dead_code, clippy::type_complexity)]
 
 use dra_allocator::build::*;
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 
 use super::Case;
 
 pub const GPU: &str = "gpu.nvidia.com";
 pub const NIC: &str = "nic.example.com";
 pub const NUMA: &str = "resource.kubernetes.io/numaNode";
+
+fn classes() -> Vec<DeviceClass> {
+    vec![
+        class("gpu.nvidia.com").selector("device.driver == \"gpu.nvidia.com\" && device.attributes[\"gpu.nvidia.com\"].type == \"gpu\"").build(),
+        class("mig.nvidia.com").selector("device.driver == \"gpu.nvidia.com\" && device.attributes[\"gpu.nvidia.com\"].type == \"mig\"").build(),
+        class("nic").selector("device.driver == \"nic.example.com\"").build(),
+    ]
+}
 
 fn base(
     nodes: usize,
@@ -24,11 +32,7 @@ fn base(
         .collect();
     let nodes: Vec<_> = names.iter().map(|n| node(n).build()).collect();
     Case {
-        classes: vec![
-            class("gpu.nvidia.com").selector("device.driver == \"gpu.nvidia.com\" && device.attributes[\"gpu.nvidia.com\"].type == \"gpu\"").build(),
-            class("mig.nvidia.com").selector("device.driver == \"gpu.nvidia.com\" && device.attributes[\"gpu.nvidia.com\"].type == \"mig\"").build(),
-            class("nic").selector("device.driver == \"nic.example.com\"").build(),
-        ],
+        classes: classes(),
         slices,
         taint_rules: Vec::new(),
         allocations: Vec::new(),
@@ -190,5 +194,153 @@ pub fn all() -> Vec<(&'static str, fn() -> Case)> {
         ("c_n_of_n_minus_one", c_n_of_n_minus_one),
         ("d_twenty_shared_attribute", d_twenty_shared_attribute),
         ("e_partitionable_a100", e_partitionable_a100),
+    ]
+}
+
+// ---- Issue 12: bounds over shared counters and consumable capacity ----
+
+/// The ResourceSlices the node agent publishes for its 4×A100-40GB MIG profile (node
+/// `a100-node`, one pool: a slice of 60 devices, 4 full GPUs and 56 MIG placements, and a
+/// slice of 4 counter sets), read from the agent's golden file as data.
+pub fn a100_profile_slices() -> Vec<ResourceSlice> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../dra-node-agent/profiles/slices/4x-a100-40gb-mig.yaml"
+    );
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+    super::yaml::documents(&text)
+        .into_iter()
+        .map(|v| serde_json::from_value(v).expect("a ResourceSlice"))
+        .collect()
+}
+
+/// `copies` × the agent's 4×A100 profile on node `node`: copy `c` > 0 is its own pool with
+/// devices and counter sets renamed (`gpu-c{c}-…`), so 4 × `copies` GPUs.
+pub fn a100_node(node: &str, copies: usize) -> Vec<ResourceSlice> {
+    let base = a100_profile_slices();
+    let mut out = Vec::new();
+    for c in 0..copies {
+        for s in &base {
+            let mut s = s.clone();
+            s.spec.node_name = Some(node.to_string());
+            s.spec.pool.name = node.to_string();
+            if c > 0 {
+                let json = serde_json::to_string(&s)
+                    .unwrap()
+                    .replace("\"gpu-", &format!("\"gpu-c{c}-"));
+                s = serde_json::from_str(&json).unwrap();
+                s.spec.pool.name = format!("{node}-c{c}");
+                let name = s.metadata.name.as_deref().unwrap_or_default();
+                s.metadata.name = Some(format!("{name}-c{c}"));
+            }
+            out.push(s);
+        }
+    }
+    out
+}
+
+/// One claim per entry of `counts` for that many MIG devices (any profile) on `copies` ×
+/// the agent's 4×A100: 7 fit per GPU (seven 1g.5gb use all its compute), so 28 × `copies`
+/// in all (and at most 32 per claim).
+pub fn mig_count(copies: usize, counts: &[usize]) -> Case {
+    let claims = counts
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let name = if i == 0 {
+                "migs".to_string()
+            } else {
+                format!("migs-{i}")
+            };
+            claim(&name)
+                .request(request("migs", "mig.nvidia.com").count(n as i64))
+                .build()
+        })
+        .collect();
+    let n = node("node-0").build();
+    Case {
+        classes: classes(),
+        slices: a100_node("node-0", copies),
+        taint_rules: Vec::new(),
+        allocations: Vec::new(),
+        claims,
+        node: n.clone(),
+        nodes: vec![n],
+        repeat: None,
+        timeout_ms: 60_000,
+    }
+}
+
+/// `devices` distinct GPUs (each its own uuid) that each take one of `slots` shared counter
+/// slots; one claim for `count` of them.
+pub fn slots_count(devices: usize, slots: usize, count: usize) -> Case {
+    let c = claim("slots")
+        .request(request("gpus", "gpu.nvidia.com").count(count as i64))
+        .build();
+    base(
+        1,
+        |n| {
+            let counters = slice(&format!("{n}-counters"), GPU)
+                .pool(n, 1, 2)
+                .node(n)
+                .counter_set("slots", &[("slots", &slots.to_string())]);
+            let devs = slice(&format!("{n}-devices"), GPU)
+                .pool(n, 1, 2)
+                .node(n)
+                .devices((0..devices).map(|i| {
+                    device(&format!("gpu-{i}"))
+                        .string("type", "gpu")
+                        .string("uuid", &format!("GPU-{n}-{i:04}"))
+                        .consumes("slots", &[("slots", "1")])
+                }));
+            vec![counters, devs]
+        },
+        vec![c],
+    )
+}
+
+/// `devices` shared GPUs (allowMultipleAllocations, 4Gi of memory each) and `claims`
+/// claims of `per_claim` one-GPU requests for 1Gi each: 4 shares per GPU fit.
+pub fn shared_capacity(devices: usize, claims: usize, per_claim: usize) -> Case {
+    let cs = (0..claims)
+        .map(|c| {
+            let mut cb = claim(&format!("share-{c}"));
+            for r in 0..per_claim {
+                cb = cb
+                    .request(request(&format!("r{r}"), "gpu.nvidia.com").capacity("memory", "1Gi"));
+            }
+            cb.build()
+        })
+        .collect();
+    base(
+        1,
+        |n| {
+            vec![
+                slice(&format!("{n}-gpus"), GPU)
+                    .pool(n, 1, 1)
+                    .node(n)
+                    .devices((0..devices).map(|i| {
+                        device(&format!("gpu-{i}"))
+                            .string("type", "gpu")
+                            .string("uuid", &format!("GPU-{n}-{i:04}"))
+                            .multi()
+                            .capacity("memory", "4Gi")
+                    })),
+            ]
+        },
+        cs,
+    )
+}
+
+/// Issue 12's scenarios: infeasible because of shared counters or capacity, each with a
+/// bigger variant.
+pub fn bounds() -> Vec<(&'static str, fn() -> Case)> {
+    vec![
+        ("f_mig_29_of_28", || mig_count(1, &[29])),
+        ("f_mig_57_of_56", || mig_count(2, &[29, 28])),
+        ("g_slots_12_of_11", || slots_count(32, 11, 12)),
+        ("g_slots_23_of_22", || slots_count(64, 22, 23)),
+        ("h_shared_capacity_33_of_32", || shared_capacity(8, 3, 11)),
+        ("h_shared_capacity_65_of_64", || shared_capacity(16, 5, 13)),
     ]
 }
