@@ -23,9 +23,10 @@
 //!
 //! The search is complete and tries devices in upstream's order (claims, requests,
 //! subrequests, pools by driver/name, slices by name, devices in slice order), so the first
-//! answer is the one Kubernetes would pick; pruning (counting bounds, matchAttribute supply,
-//! interchangeable devices tried once, failed states remembered) only skips what cannot
-//! succeed. [`Allocator::packing`] switches to best fit that keeps NUMA domains whole.
+//! answer is the one Kubernetes would pick; pruning (counting bounds that also read shared
+//! counters and consumable capacity, matchAttribute supply, interchangeable devices tried
+//! once, failed states remembered) only skips what cannot succeed. [`Allocator::packing`]
+//! switches to best fit that keeps NUMA domains whole.
 //! Selector results are cached per snapshot by what CEL can see of a device, or, for
 //! selectors that plainly read only `device.driver` and named attributes or capacities, by
 //! just those values (one evaluation for all devices of a kind); hand

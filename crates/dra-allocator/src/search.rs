@@ -5,11 +5,50 @@
 //!
 //! * counting bounds: a request cannot be met with fewer usable candidates than it needs,
 //!   and all remaining requests together cannot take more devices than their candidates hold;
+//!   both count what shared counters and consumable capacity still allow (below);
 //! * matchAttribute supply: once a constraint's value is fixed, the devices still needed by
 //!   the requests it covers must exist with that value;
 //! * symmetry: a device identical to one that already failed at the same step (same
 //!   attributes, capacity, counters, taints, placement; unused) is not tried again;
 //! * memoisation of failed states at request boundaries, keyed up to symmetry.
+//!
+//! ## Counter and capacity bounds
+//!
+//! The counting bounds use an upper bound on how many devices (or shares of a shared
+//! device) a set of candidates can still give in the current state:
+//!
+//! * a device that consumes no counters and is not shared: 1 if it is free;
+//! * devices that consume shared counters (partitionable devices), grouped by the counter
+//!   set of their first counter: for a group `G` and any counter `k` it consumes, at most
+//!   `fit_k + |G not consuming k|`, where `fit_k` is how many of `G`'s devices that consume
+//!   `k` fit in what is left of `k` when taken smallest amount first; the group gives at
+//!   most the minimum of that over its counters (seven 1g.5gb MIG devices per A100: its
+//!   108 multiprocessors hold seven of 14, although it has eight memory slices);
+//! * a shared device (allowMultipleAllocations): at most one share per remaining request
+//!   (a request never takes a device twice) and, per capacity, at most the requests whose
+//!   smallest needs fit in the capacity left, plus those that need none of it.
+//!
+//! `fill` bounds the request it fills, from the candidate it has reached; at each request
+//! boundary, each remaining request alone is bounded, then all remaining non-admin requests
+//! together (each free device once, devices that consume counters through their pool's
+//! counter groups, cached per pool in the snapshot, shared devices by their shares). The
+//! static part (which candidates consume counters, sorted by amount per counter) is built
+//! once per node, and only for requests whose candidates together could overfill some
+//! counter; other requests keep the plain count.
+//!
+//! Why this never cuts a branch that has a solution: below any search state the devices in
+//! use, the counters consumed and the capacity allocated only grow (amounts are not
+//! negative; a counter some device consumes a negative amount of is left out), and every
+//! device added must fit what is left of each counter it consumes (`try_add` checks
+//! the sum) and of each capacity. So the devices a solution still adds from `G`
+//! that consume `k` have amounts summing to at most what is left of `k`, and no set of
+//! items fits more of them than the smallest ones do; the others are at most all of `G`'s
+//! devices not consuming `k`. Groups, counters and capacities are relaxed independently
+//! (each may use all that is left), which only makes the bound larger. A shared device
+//! consumes its counters only on its first share; the bound does not count its counters
+//! beyond checking that a first share still fits. Devices with a pending error (raised
+//! only when the search reaches them, as upstream does) count as free devices, and a
+//! request with such errors keeps the plain count, so pruning reaches them as before.
 
 use std::collections::{BTreeMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -47,7 +86,64 @@ struct Dev {
     used_capacity: Vec<Quantity>,
     /// (pool counter index, amount).
     consumes: Vec<(usize, Quantity)>,
+    /// Not shared and consumes some counter: counted by counter groups in bounds.
+    counted: bool,
     sym: u32,
+}
+
+/// How a candidate counts in its request's bound.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// One device, if usable.
+    Plain,
+    /// A shared device: one share, if usable and it fits.
+    Shared,
+    /// Counted by its [`CounterGroup`].
+    Counted,
+}
+
+/// A device's use of one counter: (amount, position in the request's list, device).
+type CounterUse = (Quantity, u32, u32);
+
+/// Devices that consume one counter set of a pool, for the counter bound: a request's
+/// candidates, or (cached in [`crate::snapshot::PoolStatic`]) all of a pool's devices,
+/// where positions and devices are indexes into the pool's entries.
+#[derive(Debug, Default)]
+pub(crate) struct CounterGroup {
+    pool: u32,
+    /// (position in the request's list, device).
+    members: Vec<(u32, u32)>,
+    /// The counters that can bind: (flat counter index, the members that consume it as
+    /// (amount, position, device), smallest amount first).
+    counters: Vec<(usize, Vec<CounterUse>)>,
+}
+
+/// What a request's bound needs, static per node.
+#[derive(Default)]
+struct ReqBound {
+    /// Whether counters or capacity can bind; if not, the bound counts usable candidates.
+    active: bool,
+    /// Per position in the request's list (`cand`, or `all` for All).
+    kind: Vec<Kind>,
+    groups: Vec<CounterGroup>,
+}
+
+/// One remaining request (group) that may take a share of a shared device, for the
+/// together bound: its need (per capacity, the smallest over its alternatives) is at
+/// `needs[off..]`.
+struct ShareUse {
+    dev: u32,
+    group: u32,
+    off: u32,
+}
+
+/// The together bound's record of shares.
+#[derive(Default)]
+struct Shares {
+    uses: Vec<ShareUse>,
+    needs: Vec<Quantity>,
+    /// Per device, its latest entry in `uses`.
+    slot: Vec<u32>,
 }
 
 #[derive(Default)]
@@ -62,8 +158,9 @@ struct ReqRun {
     errors: FxMap<u32, AllocError>,
     /// Capacity consumption per device (aligned with its capacities), for feasible devices.
     need: FxMap<u32, Vec<Quantity>>,
-    /// Whether any candidate may be shared (allowMultipleAllocations): unbounded supply.
+    /// Whether any candidate may be shared (allowMultipleAllocations).
     any_multi: bool,
+    bound: ReqBound,
     stats: RequestExplanation,
 }
 
@@ -76,6 +173,9 @@ impl ReqRun {
         self.errors.clear();
         self.need.clear();
         self.any_multi = false;
+        self.bound.active = false;
+        self.bound.kind.clear();
+        self.bound.groups.clear();
         self.stats = RequestExplanation::default();
     }
 }
@@ -125,6 +225,13 @@ pub(crate) struct NodeRun<'a> {
     epoch: u32,
     /// Kept for [`Snapshot::gather_pools`] of the next attempt.
     seen: Vec<(u32, i64, u32)>,
+    /// (pool, counter) that some device of this node consumes a negative amount of: what is
+    /// left of it may grow, so it bounds nothing.
+    negative: Vec<(u32, usize)>,
+    /// No device is shared or consumes counters: the bounds count devices.
+    plain: bool,
+    /// Scratch of the together bound for shared devices.
+    shares: Option<Box<Shares>>,
 }
 
 /// The buffers of one attempt, kept per thread for the next one (emptied, capacity kept),
@@ -305,6 +412,7 @@ impl<'a> NodeRun<'a> {
                     taken: usage.is_some_and(|u| u.exclusive > 0),
                     shared: usage.is_some_and(|u| u.shares > 0 || !u.consumed.is_empty()),
                     used_capacity,
+                    counted: !multi && consumes.iter().any(|(_, q)| *q > Quantity::ZERO),
                     consumes,
                     sym,
                 });
@@ -385,7 +493,11 @@ impl<'a> NodeRun<'a> {
             marks,
             epoch: 0,
             seen: std::mem::take(&mut sc.seen),
+            negative: Vec::new(),
+            plain: true,
+            shares: None,
         };
+        run.plain = !run.devs.iter().any(|d| d.multi || d.counted);
         for r in 0..plan.reqs.len() {
             let mut rr = std::mem::take(&mut run.reqs[r]);
             run.candidates(&plan.reqs[r], &mut rr)?;
@@ -394,6 +506,7 @@ impl<'a> NodeRun<'a> {
         if plan.packing {
             run.order_for_packing();
         }
+        run.prepare_bounds();
         // Per claim, the minimum number of results, now that "All" counts are known.
         for claim in &plan.claims {
             let mut min = 0usize;
@@ -673,6 +786,367 @@ impl<'a> NodeRun<'a> {
         })
     }
 
+    /// Whether shared device `d` can take one more share with `need` now: capacity left, and
+    /// for its first share the counters it consumes.
+    fn share_fits(&self, need: Option<&Vec<Quantity>>, d: u32) -> bool {
+        if !self.capacity_fits(need, d) {
+            return false;
+        }
+        if self.capacity_in_use(d) {
+            return true;
+        }
+        let dev = &self.devs[d as usize];
+        let pool = dev.pool as usize;
+        dev.consumes.iter().all(|&(k, q)| {
+            self.consumed[pool][k] + q <= self.pools[pool].available[k]
+                || self.negative.contains(&(dev.pool, k))
+        })
+    }
+
+    /// The static part of the counter and capacity bounds, per request.
+    fn prepare_bounds(&mut self) {
+        let any_counters = self.pools.iter().any(|p| !p.consumes.is_empty());
+        let mut totals = Vec::new();
+        if any_counters {
+            for dev in &self.devs {
+                for &(k, q) in &dev.consumes {
+                    if q.is_negative() && !self.negative.contains(&(dev.pool, k)) {
+                        self.negative.push((dev.pool, k));
+                    }
+                }
+            }
+            totals = self.consumed.clone();
+        }
+        for r in 0..self.reqs.len() {
+            if !any_counters && !self.reqs[r].any_multi {
+                continue;
+            }
+            let mut rr = std::mem::take(&mut self.reqs[r]);
+            self.prepare_request(&self.plan.reqs[r], &mut rr, &mut totals);
+            self.reqs[r] = rr;
+        }
+    }
+
+    /// `totals`: zeros shaped like `consumed`, left so.
+    fn prepare_request(&self, p: &ReqPlan, rr: &mut ReqRun, totals: &mut [Vec<Quantity>]) {
+        // A request with pending errors keeps the plain count (see the module comment).
+        if !rr.errors.is_empty() {
+            return;
+        }
+        let list = if p.all { &rr.all } else { &rr.cand };
+        // Whether some counter can bind: the candidates together need more than there is.
+        let mut shared = false;
+        for &d in list {
+            let dev = &self.devs[d as usize];
+            shared |= dev.multi;
+            if !dev.multi {
+                for &(k, q) in &dev.consumes {
+                    if q > Quantity::ZERO {
+                        let t = &mut totals[dev.pool as usize][k];
+                        *t = t.saturating_add(q);
+                    }
+                }
+            }
+        }
+        let mut binds = false;
+        for &d in list {
+            let dev = &self.devs[d as usize];
+            if !dev.multi {
+                for &(k, _) in &dev.consumes {
+                    let t = &mut totals[dev.pool as usize][k];
+                    binds |= *t > self.pools[dev.pool as usize].available[k];
+                    *t = Quantity::ZERO;
+                }
+            }
+        }
+        if !shared && !binds {
+            return;
+        }
+        let b = &mut rr.bound;
+        b.kind.clear();
+        b.kind.extend(list.iter().map(|&d| {
+            if self.devs[d as usize].multi {
+                Kind::Shared
+            } else {
+                Kind::Plain
+            }
+        }));
+        if binds {
+            let members: Vec<(u32, u32, u32)> = (0..list.len() as u32)
+                .filter(|&pos| self.devs[list[pos as usize] as usize].counted)
+                .map(|pos| {
+                    let d = list[pos as usize];
+                    (pos, d, self.devs[d as usize].pool)
+                })
+                .collect();
+            counter_groups(
+                &members,
+                |d| &self.devs[d as usize].consumes,
+                |pool, k| self.pools[pool as usize].counter_set[k],
+                |pool, k| {
+                    (!self.negative.contains(&(pool, k)))
+                        .then(|| self.pools[pool as usize].available[k])
+                },
+                false,
+                &mut b.groups,
+            );
+            for g in &b.groups {
+                for &(pos, _) in &g.members {
+                    b.kind[pos as usize] = Kind::Counted;
+                }
+            }
+        }
+        b.active = shared || !b.groups.is_empty();
+        if !b.active {
+            b.kind.clear();
+        }
+    }
+
+    /// The most devices of group `g` (of pool `pool`; its devices numbered from `offset`)
+    /// for which `keep(position, device)` holds that can still be added together (see the
+    /// module comment).
+    fn group_bound(
+        &self,
+        pool: usize,
+        g: &CounterGroup,
+        offset: u32,
+        keep: impl Fn(u32, u32) -> bool,
+    ) -> usize {
+        let n = g
+            .members
+            .iter()
+            .filter(|&&(pos, d)| keep(pos, d + offset))
+            .count();
+        let mut best = n;
+        for (k, items) in &g.counters {
+            if best == 0 {
+                break;
+            }
+            let left = self.pools[pool].available[*k] - self.consumed[pool][*k];
+            let (mut sum, mut fit, mut seen, mut full) = (Quantity::ZERO, 0, 0, false);
+            for &(q, pos, d) in items {
+                if !keep(pos, d + offset) {
+                    continue;
+                }
+                seen += 1;
+                // Smallest first: once one does not fit, no larger one does.
+                if !full {
+                    if sum + q <= left {
+                        sum += q;
+                        fit += 1;
+                    } else {
+                        full = true;
+                    }
+                }
+            }
+            best = best.min(n - seen + fit);
+        }
+        best
+    }
+
+    /// An upper bound on how many more devices request `r` can take from its candidates at
+    /// positions `start..` in the current state; counting stops at `target`.
+    fn req_supply(&self, r: usize, start: usize, target: usize) -> usize {
+        let p = &self.plan.reqs[r];
+        let rr = &self.reqs[r];
+        let list = if p.all { &rr.all } else { &rr.cand };
+        let usable = |d: u32| self.usable(p.admin, p.claim, d);
+        let mut have = 0;
+        if !rr.bound.active {
+            for &d in &list[start..] {
+                if usable(d) {
+                    have += 1;
+                    if have >= target {
+                        break;
+                    }
+                }
+            }
+            return have;
+        }
+        for (i, &d) in list.iter().enumerate().skip(start) {
+            let counts = match rr.bound.kind[i] {
+                Kind::Counted => false,
+                Kind::Plain => usable(d),
+                Kind::Shared => usable(d) && self.share_fits(rr.need.get(&d), d),
+            };
+            if counts {
+                have += 1;
+                if have >= target {
+                    return have;
+                }
+            }
+        }
+        for g in &rr.bound.groups {
+            have += self.group_bound(g.pool as usize, g, 0, |pos, d| {
+                pos as usize >= start && usable(d)
+            });
+            if have >= target {
+                break;
+            }
+        }
+        have
+    }
+
+    /// All remaining non-admin requests from group `g` on, together: (devices or shares
+    /// they need, an upper bound on what their candidates can give now, whether that bound
+    /// read counters or capacity). With `stop`, counting stops once the need is met.
+    fn together(&mut self, g: usize, stop: bool) -> (usize, usize, bool) {
+        let plan = self.plan;
+        let epoch = self.next_epoch();
+        let mut demand = 0usize;
+        let mut supply = 0usize;
+        if self.plain {
+            // Distinct free devices.
+            for h in g..plan.groups.len() {
+                let alts = &plan.groups[h].alts;
+                if alts.iter().any(|&a| plan.reqs[a].admin) {
+                    continue;
+                }
+                demand += self.group_demand(h, None);
+                for &a in alts {
+                    let rr = &self.reqs[a];
+                    let list = if plan.reqs[a].all { &rr.all } else { &rr.cand };
+                    for &d in list {
+                        if self.marks[d as usize] != epoch && !self.in_use(d) {
+                            self.marks[d as usize] = epoch;
+                            supply += 1;
+                        }
+                    }
+                }
+            }
+            return (demand, supply, false);
+        }
+        // Free devices that consume counters: counted by counter groups below.
+        let mut counted = 0usize;
+        // No request has a pending error (see the module comment).
+        let mut exact = true;
+        let mut any_multi = false;
+        let mut shares: Option<Box<Shares>> = None;
+        for h in g..plan.groups.len() {
+            let alts = &plan.groups[h].alts;
+            if alts.iter().any(|&a| plan.reqs[a].admin) {
+                continue;
+            }
+            demand += self.group_demand(h, None);
+            for &a in alts {
+                let rr = &self.reqs[a];
+                exact &= rr.errors.is_empty();
+                any_multi |= rr.any_multi;
+                let list = if plan.reqs[a].all { &rr.all } else { &rr.cand };
+                for &d in list {
+                    let di = d as usize;
+                    let dev = &self.devs[di];
+                    if dev.multi {
+                        let need = rr.need.get(&d);
+                        if !dev.taken && self.share_fits(need, d) {
+                            let sh = shares.get_or_insert_with(|| {
+                                let mut sh = self.shares.take().unwrap_or_default();
+                                sh.uses.clear();
+                                sh.needs.clear();
+                                sh
+                            });
+                            sh.add(dev.used_capacity.len(), d, h, need);
+                        }
+                        continue;
+                    }
+                    if self.marks[di] == epoch || self.in_use(d) {
+                        continue;
+                    }
+                    self.marks[di] = epoch;
+                    if self.devs[di].counted {
+                        counted += 1;
+                    } else {
+                        supply += 1;
+                    }
+                }
+            }
+        }
+        if any_multi && !exact {
+            // Pending errors and shared devices: no bound (as before the counter bounds).
+            if shares.is_some() {
+                self.shares = shares;
+            }
+            return (demand, usize::MAX, false);
+        }
+        if !exact {
+            supply += std::mem::take(&mut counted);
+        }
+        let bounded = counted > 0 || shares.is_some();
+        if let Some(mut sh) = shares {
+            let enough = stop.then(|| demand.saturating_sub(supply));
+            supply = supply.saturating_add(self.share_supply(&mut sh, enough));
+            self.shares = Some(sh);
+        }
+        if counted > 0 && !(stop && supply >= demand) {
+            // Devices are numbered pool by pool, in the order of the pools' entries.
+            let mut offset = 0u32;
+            'pools: for (pi, pool) in self.pools.iter().enumerate() {
+                if pool.state != PoolState::Usable {
+                    continue;
+                }
+                if !pool.consumes.is_empty() {
+                    let groups = pool
+                        .s
+                        .counter_groups
+                        .get_or_init(|| pool_counter_groups(self.snap, &pool.s));
+                    for grp in groups {
+                        supply += self
+                            .group_bound(pi, grp, offset, |_, d| self.marks[d as usize] == epoch);
+                        if stop && supply >= demand {
+                            break 'pools;
+                        }
+                    }
+                }
+                offset += pool.entries.len() as u32;
+            }
+        }
+        (demand, supply, bounded)
+    }
+
+    /// What the shared devices recorded in `sh` can give: per device, its shares (one per
+    /// request) within each capacity left. Counting stops once `enough` is reached.
+    fn share_supply(&self, sh: &mut Shares, enough: Option<usize>) -> usize {
+        let mut supply = 0usize;
+        sh.uses.sort_by_key(|s| s.dev);
+        let mut fits: Vec<Quantity> = Vec::new();
+        for run in sh.uses.chunk_by(|a, b| a.dev == b.dev) {
+            if enough.is_some_and(|e| supply >= e) {
+                break;
+            }
+            let di = run[0].dev as usize;
+            let caps = &self.snap.devices[self.devs[di].entry as usize].capacity;
+            let alloc = self.alloc_capacity[di].as_ref();
+            let mut best = run.len();
+            for (j, c) in caps.iter().enumerate() {
+                let mut left = c.value - self.devs[di].used_capacity[j];
+                if let Some(a) = alloc {
+                    left -= a[j];
+                }
+                fits.clear();
+                fits.extend(
+                    run.iter()
+                        .map(|s| sh.needs[s.off as usize + j])
+                        .filter(|n| *n > Quantity::ZERO),
+                );
+                if fits.is_empty() {
+                    continue;
+                }
+                fits.sort_unstable();
+                let mut sum = Quantity::ZERO;
+                let fit = fits
+                    .iter()
+                    .take_while(|n| {
+                        sum += **n;
+                        sum <= left
+                    })
+                    .count();
+                best = best.min(run.len() - fits.len() + fit);
+            }
+            supply = supply.saturating_add(best);
+        }
+        supply
+    }
+
     fn tick(&mut self) -> Result<(), AllocError> {
         self.steps += 1;
         if self.steps & 255 == 0 {
@@ -797,16 +1271,7 @@ impl<'a> NodeRun<'a> {
         }
         // Counting bound for this request.
         let needed = count - slot;
-        let mut have = 0;
-        for i in start..self.reqs[r].cand.len() {
-            if self.usable(p.admin, p.claim, self.reqs[r].cand[i]) {
-                have += 1;
-                if have >= needed {
-                    break;
-                }
-            }
-        }
-        if have < needed && !self.faithful {
+        if !self.faithful && self.req_supply(r, start, needed) < needed {
             return Ok(false);
         }
         // Symmetry classes tried at this slot: few, so kept inline.
@@ -1010,48 +1475,19 @@ impl<'a> NodeRun<'a> {
                 let p = &plan.reqs[a];
                 let rr = &self.reqs[a];
                 if p.all {
-                    return !rr.all.is_empty()
-                        && rr.all.iter().all(|&d| self.usable(p.admin, p.claim, d));
+                    let n = rr.all.len();
+                    return n > 0
+                        && rr.all.iter().all(|&d| self.usable(p.admin, p.claim, d))
+                        && (!rr.bound.active || self.req_supply(a, 0, n) >= n);
                 }
-                let mut have = 0;
-                for &d in &rr.cand {
-                    if self.usable(p.admin, p.claim, d) {
-                        have += 1;
-                        if have >= p.count {
-                            return true;
-                        }
-                    }
-                }
-                false
+                self.req_supply(a, 0, p.count) >= p.count
             });
             if !ok {
                 return false;
             }
         }
         // All remaining non-admin requests together.
-        let epoch = self.next_epoch();
-        let mut demand = 0usize;
-        let mut supply = 0usize;
-        for h in g..plan.groups.len() {
-            let alts = &plan.groups[h].alts;
-            if alts.iter().any(|&a| plan.reqs[a].admin) {
-                continue;
-            }
-            demand += self.group_demand(h, None);
-            for &a in alts {
-                if self.reqs[a].any_multi {
-                    return true;
-                }
-                let rr = &self.reqs[a];
-                let list = if plan.reqs[a].all { &rr.all } else { &rr.cand };
-                for &d in list {
-                    if self.marks[d as usize] != epoch && !self.in_use(d) {
-                        self.marks[d as usize] = epoch;
-                        supply += 1;
-                    }
-                }
-            }
-        }
+        let (demand, supply, _) = self.together(g, true);
         demand <= supply
     }
 
@@ -1191,7 +1627,7 @@ impl<'a> NodeRun<'a> {
     }
 
     /// Why nothing fits: per-request counts plus constraint findings.
-    pub(crate) fn explain(&self) -> Explanation {
+    pub(crate) fn explain(&mut self) -> Explanation {
         let plan = self.plan;
         let mut e = Explanation {
             node: self.node_name.to_string(),
@@ -1209,11 +1645,29 @@ impl<'a> NodeRun<'a> {
             let ok = g.alts.iter().any(|&a| {
                 let s = &self.reqs[a].stats;
                 let need = self.count(a);
-                if plan.reqs[a].all {
+                let alone = if plan.reqs[a].all {
                     need > 0 && s.available == need
                 } else {
                     s.available >= need
+                };
+                if !alone {
+                    return false;
                 }
+                let supply = self.req_supply(a, 0, need);
+                if supply < need {
+                    let limit = if self.reqs[a].bound.groups.is_empty() {
+                        "the capacity left on shared devices allows"
+                    } else {
+                        "shared counters allow"
+                    };
+                    e.notes.push(format!(
+                        "claim {}: request {}: {limit} at most {supply} of its {} available devices at once, {need} needed",
+                        plan.claims[plan.reqs[a].claim].display,
+                        plan.reqs[a].name,
+                        s.available
+                    ));
+                }
+                supply >= need
             });
             each_alone &= ok;
             for &a in &g.alts {
@@ -1277,6 +1731,18 @@ impl<'a> NodeRun<'a> {
                 }
             }
         }
+        let (demand, supply, bounded) = self.together(0, false);
+        if supply < demand {
+            e.notes.push(if bounded {
+                format!(
+                    "each request can be met alone, but together they need {demand} devices or shares, and shared counters and capacity leave room for at most {supply}"
+                )
+            } else {
+                format!(
+                    "each request can be met alone, but together they need {demand} devices and only {supply} free devices match them"
+                )
+            });
+        }
         if e.notes.is_empty() {
             e.notes.push(
                 "each request can be met alone, but not all together (shared devices, counters, capacity or constraints)"
@@ -1291,6 +1757,140 @@ impl<'a> NodeRun<'a> {
     }
 }
 
+impl Shares {
+    /// Records that remaining request (group) `h` may take a share of shared device `d`
+    /// (with `ncap` capacities) needing `need`; for another alternative of the same
+    /// request, keeps the smaller need per capacity.
+    fn add(&mut self, ncap: usize, d: u32, h: usize, need: Option<&Vec<Quantity>>) {
+        let di = d as usize;
+        if self.slot.len() <= di {
+            self.slot.resize(di + 1, u32::MAX);
+        }
+        let i = self.slot[di] as usize;
+        if i < self.uses.len() && self.uses[i].dev == d && self.uses[i].group == h as u32 {
+            let off = self.uses[i].off as usize;
+            let mine = &mut self.needs[off..off + ncap];
+            match need {
+                Some(n) if n.len() == ncap => {
+                    for (m, n) in mine.iter_mut().zip(n) {
+                        *m = (*m).min(*n);
+                    }
+                }
+                _ => mine.fill(Quantity::ZERO),
+            }
+            return;
+        }
+        self.slot[di] = self.uses.len() as u32;
+        self.uses.push(ShareUse {
+            dev: d,
+            group: h as u32,
+            off: self.needs.len() as u32,
+        });
+        match need {
+            Some(n) if n.len() == ncap => self.needs.extend_from_slice(n),
+            _ => self.needs.resize(self.needs.len() + ncap, Quantity::ZERO),
+        }
+    }
+}
+
+/// Groups `members` ((position, device, pool) of devices that consume some counter) by pool
+/// and counter set of their first counter, into `out`, with the counters that can bind. A
+/// counter is left out when `limit` gives None (some device consumes a negative amount of
+/// it) or when the group's members together fit in the limit (what was available before
+/// the attempt): leaving a counter out only loosens the bound. Groups left without
+/// counters are dropped unless `keep_all`.
+fn counter_groups<'c>(
+    members: &[(u32, u32, u32)],
+    consumes: impl Fn(u32) -> &'c [(usize, Quantity)],
+    set_of: impl Fn(u32, usize) -> u32,
+    limit: impl Fn(u32, usize) -> Option<Quantity>,
+    keep_all: bool,
+    out: &mut Vec<CounterGroup>,
+) {
+    let mut keys: Vec<(u32, u32)> = Vec::new();
+    for &(pos, d, pool) in members {
+        let Some(&(k0, _)) = consumes(d).iter().find(|(_, q)| *q > Quantity::ZERO) else {
+            continue;
+        };
+        let key = (pool, set_of(pool, k0));
+        let gi = match keys.iter().position(|k| *k == key) {
+            Some(i) => i,
+            None => {
+                keys.push(key);
+                out.push(CounterGroup {
+                    pool,
+                    ..Default::default()
+                });
+                out.len() - 1
+            }
+        };
+        out[gi].members.push((pos, d));
+    }
+    let mut items: Vec<(usize, Quantity, u32, u32)> = Vec::new();
+    for g in out.iter_mut() {
+        items.clear();
+        for &(pos, d) in &g.members {
+            for &(k, q) in consumes(d) {
+                if q > Quantity::ZERO {
+                    items.push((k, q, pos, d));
+                }
+            }
+        }
+        items.sort_unstable_by_key(|&(k, q, pos, _)| (k, q, pos));
+        for run in items.chunk_by(|a, b| a.0 == b.0) {
+            let k = run[0].0;
+            let Some(limit) = limit(g.pool, k) else {
+                continue;
+            };
+            let total = run
+                .iter()
+                .fold(Quantity::ZERO, |t, x| t.saturating_add(x.1));
+            if total > limit {
+                g.counters
+                    .push((k, run.iter().map(|&(_, q, pos, d)| (q, pos, d)).collect()));
+            }
+        }
+    }
+    if !keep_all {
+        out.retain(|g| !g.counters.is_empty());
+    }
+}
+
+/// Every device of a pool that consumes counters and is not shared, by counter set, for
+/// the together bound; positions and devices are indexes into the pool's entries.
+fn pool_counter_groups(snap: &Snapshot, pool: &crate::snapshot::PoolStatic) -> Vec<CounterGroup> {
+    let shared_on = snap.features().consumable_capacity;
+    let consumes = |i: u32| {
+        pool.consumes
+            .get(&pool.entries[i as usize])
+            .map_or(&[][..], Vec::as_slice)
+    };
+    let members: Vec<(u32, u32, u32)> = (0..pool.entries.len() as u32)
+        .filter(|&i| {
+            !(shared_on && snap.devices[pool.entries[i as usize] as usize].view.multi)
+                && consumes(i).iter().any(|(_, q)| *q > Quantity::ZERO)
+        })
+        .map(|i| (i, i, 0))
+        .collect();
+    let negative: Vec<usize> = pool
+        .consumes
+        .values()
+        .flatten()
+        .filter(|(_, q)| q.is_negative())
+        .map(|(k, _)| *k)
+        .collect();
+    let mut out = Vec::new();
+    counter_groups(
+        &members,
+        consumes,
+        |_, k| pool.counter_set[k],
+        |_, k| (!negative.contains(&k)).then(|| pool.base[k]),
+        true,
+        &mut out,
+    );
+    out
+}
+
 /// Runs one attempt on a node: search, then either the allocation or the explanation.
 pub(crate) fn run(
     snap: &Snapshot,
@@ -1302,5 +1902,212 @@ pub(crate) fn run(
     match run.solve()? {
         Some(a) => Ok((Outcome::Allocated(a), run.steps())),
         None => Ok((Outcome::Unfit(run.explain()), run.steps())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::build::*;
+    use crate::snapshot::SnapshotInput;
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+
+    const GPU: &str = "gpu.example.com";
+
+    /// xorshift64*, seeded.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
+        }
+        fn range(&mut self, lo: u64, hi: u64) -> u64 {
+            lo + self.below(hi - lo + 1)
+        }
+    }
+
+    /// A node with partitionable GPUs (counter sets of memory, compute and four memory
+    /// slices; full devices, partitions, shared devices with and without counters, plain
+    /// devices; some allocated already) and claims for them; odd seeds ask for more.
+    fn partitioned(seed: u64) -> (Snapshot, Vec<ResourceClaim>) {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let big = seed % 2;
+        let mut slices = Vec::new();
+        let mut allocations = Vec::new();
+        for p in 0..rng.range(1, 2) {
+            let pool = format!("pool-{p}");
+            let sets = rng.range(1, 2);
+            let mut counters = slice(&format!("{pool}-counters"), GPU)
+                .pool(&pool, 1, 2)
+                .node("n1");
+            let mut devices = slice(&format!("{pool}-devices"), GPU)
+                .pool(&pool, 1, 2)
+                .node("n1");
+            for s in 0..sets {
+                let set = format!("gpu-{s}");
+                let mem = rng.range(4, 8).to_string();
+                let sm = rng.range(3, 7).to_string();
+                counters = counters.counter_set(
+                    &set,
+                    &[
+                        ("mem", &mem),
+                        ("sm", &sm),
+                        ("s0", "1"),
+                        ("s1", "1"),
+                        ("s2", "1"),
+                        ("s3", "1"),
+                    ],
+                );
+                for i in 0..rng.range(2, 6) {
+                    let name = format!("d-{s}-{i}");
+                    let mut d = device(&name);
+                    if rng.below(2) == 0 {
+                        d = d.int("idx", i as i64);
+                    }
+                    let kind = rng.below(10);
+                    let multi = (7..=8).contains(&kind);
+                    if kind == 0 {
+                        d = d.consumes(
+                            &set,
+                            &[
+                                ("mem", &mem),
+                                ("sm", &sm),
+                                ("s0", "1"),
+                                ("s1", "1"),
+                                ("s2", "1"),
+                                ("s3", "1"),
+                            ],
+                        );
+                    } else if kind < 9 && (!multi || rng.below(2) == 0) {
+                        let start = rng.below(4) as usize;
+                        let len = rng.range(1, (4 - start) as u64) as usize;
+                        let names = ["s0", "s1", "s2", "s3"];
+                        let m = rng.range(1, 4).to_string();
+                        let c = rng.range(1, 3).to_string();
+                        let mut used: Vec<(&str, &str)> = names[start..start + len]
+                            .iter()
+                            .map(|n| (*n, "1"))
+                            .collect();
+                        used.push(("mem", &m));
+                        used.push(("sm", &c));
+                        d = d.consumes(&set, &used);
+                    }
+                    if multi {
+                        d = d.multi().capacity("bw", "4");
+                    }
+                    if rng.below(10) == 0 {
+                        let mut a = allocated(&[(GPU, &pool, &name)]);
+                        if multi {
+                            let r = &mut a.devices.as_mut().unwrap().results.as_mut().unwrap()[0];
+                            r.share_id = Some("4f1ad2b8-0f5e-4c62-9a7b-2b1e5c9d0a11".into());
+                            r.consumed_capacity = Some(
+                                [(
+                                    "bw".to_string(),
+                                    k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                                        rng.range(1, 3).to_string(),
+                                    ),
+                                )]
+                                .into(),
+                            );
+                        }
+                        allocations.push(a);
+                    }
+                    devices = devices.device(d);
+                }
+            }
+            slices.push(Arc::new(counters.build()));
+            slices.push(Arc::new(devices.build()));
+        }
+        let mut claims = Vec::new();
+        for c in 0..rng.range(1, 2) {
+            let mut cb = claim(&format!("c{c}"));
+            for r in 0..rng.range(1, 2 + big) {
+                let one = |rng: &mut Rng, name: &str| {
+                    let mut rb = request(name, "gpu").count(rng.range(1, 3 + big) as i64);
+                    if rng.below(10) == 0 {
+                        rb = rb.all();
+                    }
+                    if rng.below(4) == 0 {
+                        rb = rb.capacity("bw", &rng.range(1, 3).to_string());
+                    }
+                    rb
+                };
+                let rb = if rng.below(8) == 0 {
+                    first_available(
+                        &format!("r{r}"),
+                        vec![one(&mut rng, "a"), one(&mut rng, "b")],
+                    )
+                } else {
+                    one(&mut rng, &format!("r{r}"))
+                };
+                cb = cb.request(rb);
+            }
+            claims.push(cb.build());
+        }
+        let snap = Snapshot::new(SnapshotInput {
+            classes: vec![class("gpu").build()],
+            slices,
+            allocations,
+            ..Default::default()
+        });
+        (snap, claims)
+    }
+
+    /// What an attempt found, comparable: the picks, or None when nothing fits.
+    fn found(r: Result<Option<Allocation>, AllocError>) -> Result<Option<String>, String> {
+        r.map(|a| a.map(|a| format!("{:?}", a.picks)))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn counter_and_capacity_bounds_never_change_the_answer() {
+        let node = node("n1").build();
+        let (mut compared, mut refused, mut pruned_steps, mut faithful_steps) = (0, 0, 0, 0);
+        for seed in 0..1000 {
+            let (snap, claims) = partitioned(seed);
+            let refs: Vec<&ResourceClaim> = claims.iter().collect();
+            let Ok(plan) = Plan::new(&snap, &refs) else {
+                continue;
+            };
+            let limits = Limits {
+                deadline: Some(Instant::now() + Duration::from_secs(5)),
+                cancel: None,
+            };
+            let Ok(mut pruned) = NodeRun::new(&snap, &plan, &node, limits) else {
+                continue;
+            };
+            if pruned.faithful {
+                continue;
+            }
+            let ours = found(pruned.solve());
+            let mut upstream = NodeRun::new(&snap, &plan, &node, limits).unwrap();
+            upstream.faithful = true;
+            let theirs = found(upstream.solve());
+            if theirs.as_ref().is_err_and(|e| e.contains("deadline")) {
+                continue;
+            }
+            assert_eq!(ours, theirs, "seed {seed}");
+            compared += 1;
+            refused += usize::from(matches!(ours, Ok(None)));
+            pruned_steps += pruned.steps;
+            faithful_steps += upstream.steps;
+        }
+        eprintln!(
+            "{compared} compared, {refused} refused; steps {pruned_steps} pruned, {faithful_steps} unpruned"
+        );
+        assert!(
+            compared > 900 && refused > 100 && compared - refused > 100,
+            "{compared} compared, {refused} refused"
+        );
+        assert!(
+            pruned_steps < faithful_steps,
+            "{pruned_steps} vs {faithful_steps}"
+        );
     }
 }

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
@@ -1068,9 +1068,11 @@ impl Snapshot {
                             PoolState::Invalid(format!("duplicate counter set name {}", set.name));
                         return info;
                     }
+                    let ordinal = (sets.len() - 1) as u32;
                     for (counter, value) in &set.counters {
                         index.insert((set.name.as_str(), counter.as_str()), info.base.len());
                         info.counter_names.push(format!("{}/{}", set.name, counter));
+                        info.counter_set.push(ordinal);
                         info.base
                             .push(Quantity::from_openapi(&value.value).unwrap_or_default());
                     }
@@ -1158,10 +1160,15 @@ pub(crate) struct PoolStatic {
     pub entries: Vec<u32>,
     pub has_binding_conditions: bool,
     pub counter_names: Vec<String>,
+    /// Per flat counter: which counter set (in order of appearance) it belongs to.
+    pub counter_set: Vec<u32>,
     /// Shared counter values, flattened.
     pub base: Vec<Quantity>,
     /// Per device entry (targeting the node or not): (flat counter index, amount).
     pub consumes: FxMap<u32, Vec<(usize, Quantity)>>,
+    /// The search's counter groups of `entries` (devices by position), built when a search
+    /// first needs them.
+    pub counter_groups: OnceLock<Vec<crate::search::CounterGroup>>,
 }
 
 impl PoolStatic {
@@ -1173,8 +1180,10 @@ impl PoolStatic {
             entries: Vec::new(),
             has_binding_conditions: false,
             counter_names: Vec::new(),
+            counter_set: Vec::new(),
             base: Vec::new(),
             consumes: FxMap::default(),
+            counter_groups: OnceLock::new(),
         }
     }
 
