@@ -1,5 +1,7 @@
 //! One scenario per allocation rule, written with the crate's builders.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -1305,4 +1307,125 @@ fn one_allocator_serves_many_threads() {
             );
         }
     });
+}
+
+// ---- Issue 12: bounds over shared counters and consumable capacity ----
+
+/// One attempt on the case's node: the devices picked (`request=device`, all claims) or the
+/// explanation, and the steps taken. The deadline only keeps a missing bound from hanging
+/// the test run (these searches are exponential without it); the assertions are on steps,
+/// which are deterministic.
+fn attempt(case: &common::Case) -> (Result<Vec<String>, Explanation>, dra_allocator::Stats) {
+    let snap = case.snapshot();
+    let claims: Vec<&ResourceClaim> = case.claims.iter().collect();
+    let allocator = Allocator::new(&snap, &claims).unwrap();
+    let limits = Limits {
+        deadline: Some(Instant::now() + Duration::from_secs(60)),
+        cancel: None,
+    };
+    let (outcome, stats) = allocator.allocate_with(&case.node, limits).unwrap();
+    let answer = match outcome {
+        Outcome::Allocated(a) => {
+            let results = allocator.results(&case.node, &a).unwrap();
+            let a = Resolved {
+                results,
+                quality: a.quality,
+            };
+            Ok((0..case.claims.len())
+                .flat_map(|i| devices(&a, i))
+                .collect())
+        }
+        Outcome::Unfit(e) => Err(e),
+    };
+    (answer, stats)
+}
+
+#[test]
+fn mig_29_of_28_on_the_agent_a100_profile_is_refused_by_counters() {
+    use common::cases::{a100_profile_slices, mig_count};
+    let slices = a100_profile_slices();
+    let devices: usize = slices
+        .iter()
+        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+        .sum();
+    assert_eq!(
+        (slices.len(), devices),
+        (2, 60),
+        "the profile: 4 full GPUs and 56 MIG placements"
+    );
+    // Every one of the 56 MIG devices is free, but at most 7 fit per GPU at once.
+    let (answer, stats) = attempt(&mig_count(1, &[29]));
+    let e = answer.expect_err("28 MIG devices at most");
+    assert_eq!(
+        (e.requests[0].available, e.requests[0].blocked_by_counters),
+        (56, 0),
+        "{e}"
+    );
+    assert_eq!(
+        e.notes,
+        [
+            "claim default/migs: request migs: shared counters allow at most 28 of its 56 available devices at once, 29 needed"
+        ]
+    );
+    assert!(stats.steps < 10, "steps {}", stats.steps);
+    // 28: seven 1g.5gb on each GPU, found without backtracking over the counters.
+    let (answer, stats) = attempt(&mig_count(1, &[28]));
+    let picked = answer.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(picked.len(), 28);
+    assert!(
+        picked.iter().all(|d| d.contains("-mig-1g5gb-")),
+        "{picked:?}"
+    );
+    assert!(stats.steps < 100, "steps {}", stats.steps);
+}
+
+#[test]
+fn twelve_of_eleven_counter_slots_is_refused_by_counters() {
+    use common::cases::slots_count;
+    let (answer, stats) = attempt(&slots_count(32, 11, 12));
+    let e = answer.expect_err("11 slots");
+    assert_eq!(
+        e.notes,
+        [
+            "claim default/slots: request gpus: shared counters allow at most 11 of its 32 available devices at once, 12 needed"
+        ]
+    );
+    assert!(stats.steps < 10, "steps {}", stats.steps);
+    let (answer, stats) = attempt(&slots_count(32, 11, 11));
+    let picked = answer.unwrap_or_else(|e| panic!("{e}"));
+    let first: Vec<String> = (0..11).map(|i| format!("gpus=gpu-{i}")).collect();
+    assert_eq!(picked, first);
+    assert!(stats.steps < 20, "steps {}", stats.steps);
+}
+
+#[test]
+fn requests_beyond_shared_capacity_are_refused_by_capacity() {
+    use common::cases::shared_capacity;
+    // 8 shared GPUs × 4Gi, 33 requests for 1Gi in three claims.
+    let (answer, stats) = attempt(&shared_capacity(8, 3, 11));
+    let e = answer.expect_err("32 shares fit");
+    assert_eq!(
+        e.notes,
+        [
+            "each request can be met alone, but together they need 33 devices or shares, and shared counters and capacity leave room for at most 32"
+        ]
+    );
+    assert!(stats.steps < 10, "steps {}", stats.steps);
+    let (answer, _) = attempt(&shared_capacity(8, 4, 8));
+    let picked = answer.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(picked.len(), 32);
+    assert_eq!(
+        picked[..5],
+        ["r0=gpu-0", "r1=gpu-0", "r2=gpu-0", "r3=gpu-0", "r4=gpu-1"]
+    );
+}
+
+#[test]
+fn the_counter_and_capacity_bench_cases_are_refused_in_a_handful_of_steps() {
+    for (name, make) in common::cases::bounds() {
+        let (answer, stats) = attempt(&make());
+        eprintln!("{name}: {} steps", stats.steps);
+        assert!(answer.is_err(), "{name}: {answer:?}");
+        assert!(stats.steps < 10, "{name}: steps {}", stats.steps);
+    }
 }
