@@ -371,6 +371,8 @@ impl<'a> NodeRun<'a> {
             .map(|p| p.entries.len())
             .sum();
         let mut devs = std::mem::take(&mut sc.devs);
+        // No device is shared or consumes counters.
+        let mut plain = true;
         devs.reserve(ndev);
         for (pi, pool) in pools.iter().enumerate() {
             if pool.state != PoolState::Usable {
@@ -399,6 +401,8 @@ impl<'a> NodeRun<'a> {
                 } else {
                     pool.consumes.get(&entry).cloned().unwrap_or_default()
                 };
+                let counted = !multi && consumes.iter().any(|(_, q)| *q > Quantity::ZERO);
+                plain &= !multi && !counted;
                 // Used devices are never interchangeable: a number no signature has.
                 let sym = if usage.is_some() {
                     u32::MAX - devs.len() as u32
@@ -412,7 +416,7 @@ impl<'a> NodeRun<'a> {
                     taken: usage.is_some_and(|u| u.exclusive > 0),
                     shared: usage.is_some_and(|u| u.shares > 0 || !u.consumed.is_empty()),
                     used_capacity,
-                    counted: !multi && consumes.iter().any(|(_, q)| *q > Quantity::ZERO),
+                    counted,
                     consumes,
                     sym,
                 });
@@ -494,10 +498,9 @@ impl<'a> NodeRun<'a> {
             epoch: 0,
             seen: std::mem::take(&mut sc.seen),
             negative: Vec::new(),
-            plain: true,
+            plain,
             shares: None,
         };
-        run.plain = !run.devs.iter().any(|d| d.multi || d.counted);
         for r in 0..plan.reqs.len() {
             let mut rr = std::mem::take(&mut run.reqs[r]);
             run.candidates(&plan.reqs[r], &mut rr)?;
@@ -805,6 +808,9 @@ impl<'a> NodeRun<'a> {
 
     /// The static part of the counter and capacity bounds, per request.
     fn prepare_bounds(&mut self) {
+        if self.plain {
+            return;
+        }
         let any_counters = self.pools.iter().any(|p| !p.consumes.is_empty());
         let mut totals = Vec::new();
         if any_counters {
