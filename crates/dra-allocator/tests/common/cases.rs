@@ -4,6 +4,7 @@
 
 use dra_allocator::build::*;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use serde::Deserialize;
 
 use super::Case;
 
@@ -208,9 +209,8 @@ pub fn a100_profile_slices() -> Vec<ResourceSlice> {
         "/../dra-node-agent/profiles/slices/4x-a100-40gb-mig.yaml"
     );
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"));
-    super::yaml::documents(&text)
-        .into_iter()
-        .map(|v| serde_json::from_value(v).expect("a ResourceSlice"))
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| ResourceSlice::deserialize(doc).expect("a ResourceSlice"))
         .collect()
 }
 

@@ -13,7 +13,6 @@ use k8s_openapi::api::resource::v1::*;
 use serde::Serialize;
 
 pub mod cases;
-pub mod yaml;
 
 pub const GPU: &str = "gpu.example.com";
 pub const NIC: &str = "nic.example.com";
