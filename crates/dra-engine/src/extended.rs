@@ -228,7 +228,6 @@ pub fn claim_for(
                 uid: pod.metadata.uid.clone().unwrap_or_default(),
                 controller: Some(true),
                 block_owner_deletion: Some(true),
-                ..Default::default()
             }]),
             ..Default::default()
         },
