@@ -48,7 +48,10 @@ pub fn start_scheduler_as(kubeconfig: &std::path::Path, extra: &[&str]) -> Daemo
 }
 
 fn kubectl_apply_text(cluster: &TestCluster, name: &str, text: &[u8]) {
-    let dir = std::env::temp_dir().join(format!("apply-{}-{name}", std::process::id()));
+    // One folder per call: the tests of one binary run at once and may apply the same name.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("apply-{}-{call}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join(format!("{name}.yaml"));
     std::fs::write(&file, text).unwrap();
