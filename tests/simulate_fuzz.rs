@@ -529,29 +529,12 @@ struct Case {
     all_schedulers: bool,
 }
 
-/// `Kind namespace/name` as simulate names the object of a parsed document.
-fn describe(v: &Value) -> String {
-    let kind = v.get("kind").and_then(Value::as_str).unwrap_or("<no kind>");
-    let meta = v.get("metadata");
-    let name = meta
-        .and_then(|m| m.get("name"))
-        .and_then(Value::as_str)
-        .unwrap_or("<no name>");
-    match meta
-        .and_then(|m| m.get("namespace"))
-        .and_then(Value::as_str)
-    {
-        Some(ns) => format!("{kind} {ns}/{name}"),
-        None => format!("{kind} {name}"),
-    }
-}
-
 /// What an error about the document of `v` may name: the object, or an item of a List.
 fn namable(v: &Value) -> Vec<String> {
     if !v.is_object() {
         return Vec::new();
     }
-    let mut out = vec![describe(v)];
+    let mut out = vec![dra_scheduler::simulate::manifests::describe(v)];
     if v.get("kind").and_then(Value::as_str) == Some("List")
         && let Some(items) = v.get("items").and_then(Value::as_array)
     {

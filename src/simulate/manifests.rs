@@ -407,7 +407,8 @@ pub fn parse_file(file: &Path, text: &str, into: &mut Manifests) -> Result<(), M
     Ok(())
 }
 
-fn describe(value: &Value) -> String {
+/// `Kind namespace/name` (or `Kind name`) of a parsed document, as errors name objects.
+pub fn describe(value: &Value) -> String {
     let kind = value
         .get("kind")
         .and_then(Value::as_str)

@@ -347,18 +347,29 @@ fn node(node: &Node) -> Check {
 }
 
 fn node_taint(path: &str, taint: &Taint) -> Check {
-    if taint.key.is_empty() {
+    taint_fields(
+        path,
+        (&taint.key, taint.value.as_deref(), &taint.effect),
+        NODE_TAINT_EFFECTS,
+    )
+}
+
+/// A taint's key, value and effect, for node taints and device taints alike (only the
+/// allowed effects differ).
+fn taint_fields(
+    path: &str,
+    (key, value, effect): (&str, Option<&str>, &str),
+    effects: &[&str],
+) -> Check {
+    if key.is_empty() {
         return required(format!("{path}.key"));
     }
-    qualified_name(format!("{path}.key"), &taint.key)?;
-    label_value(
-        format!("{path}.value"),
-        taint.value.as_deref().unwrap_or_default(),
-    )?;
-    match taint.effect.as_str() {
+    qualified_name(format!("{path}.key"), key)?;
+    label_value(format!("{path}.value"), value.unwrap_or_default())?;
+    match effect {
         "" => required(format!("{path}.effect")),
-        e if NODE_TAINT_EFFECTS.contains(&e) => Ok(()),
-        e => unsupported(format!("{path}.effect"), e, NODE_TAINT_EFFECTS),
+        e if effects.contains(&e) => Ok(()),
+        e => unsupported(format!("{path}.effect"), e, effects),
     }
 }
 
@@ -1103,19 +1114,11 @@ fn device_class(class: &DeviceClass) -> Check {
 }
 
 fn device_taint(path: &str, taint: &DeviceTaint) -> Check {
-    if taint.key.is_empty() {
-        return required(format!("{path}.key"));
-    }
-    qualified_name(format!("{path}.key"), &taint.key)?;
-    label_value(
-        format!("{path}.value"),
-        taint.value.as_deref().unwrap_or_default(),
-    )?;
-    match taint.effect.as_str() {
-        "" => required(format!("{path}.effect")),
-        e if DEVICE_TAINT_EFFECTS.contains(&e) => Ok(()),
-        e => unsupported(format!("{path}.effect"), e, DEVICE_TAINT_EFFECTS),
-    }
+    taint_fields(
+        path,
+        (&taint.key, taint.value.as_deref(), &taint.effect),
+        DEVICE_TAINT_EFFECTS,
+    )
 }
 
 fn quantity(path: String, q: &Quantity) -> Check {
