@@ -46,6 +46,11 @@ pub enum AllocError {
     },
     /// The search ran past its deadline or was cancelled. Hitting this is a bug report: the
     /// pruning should keep every search short.
-    #[error("allocation aborted after {steps} search steps: {why}")]
-    Aborted { steps: u64, why: &'static str },
+    #[error("allocation aborted after {steps} search steps{}: {why}", claim.as_ref().map(|c| format!(" in claim {c}")).unwrap_or_default())]
+    Aborted {
+        steps: u64,
+        why: &'static str,
+        /// The claim the search was in when it stopped.
+        claim: Option<String>,
+    },
 }

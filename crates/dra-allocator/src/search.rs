@@ -1153,27 +1153,33 @@ impl<'a> NodeRun<'a> {
         supply
     }
 
-    fn tick(&mut self) -> Result<(), AllocError> {
+    /// One search step, in claim `claim` (an index into the plan's claims); every 256 steps
+    /// the deadline and the cancel flag are checked, and an abort names that claim.
+    fn tick(&mut self, claim: usize) -> Result<(), AllocError> {
         self.steps += 1;
-        if self.steps & 255 == 0 {
-            if let Some(d) = self.limits.deadline
-                && std::time::Instant::now() > d
-            {
-                return Err(AllocError::Aborted {
-                    steps: self.steps,
-                    why: "deadline exceeded",
-                });
-            }
-            if let Some(c) = self.limits.cancel
-                && c.load(std::sync::atomic::Ordering::Relaxed)
-            {
-                return Err(AllocError::Aborted {
-                    steps: self.steps,
-                    why: "cancelled",
-                });
-            }
+        if self.steps & 255 != 0 {
+            return Ok(());
         }
-        Ok(())
+        let expired = self
+            .limits
+            .deadline
+            .is_some_and(|d| std::time::Instant::now() > d);
+        let cancelled = self
+            .limits
+            .cancel
+            .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed));
+        if !(expired || cancelled) {
+            return Ok(());
+        }
+        Err(AllocError::Aborted {
+            steps: self.steps,
+            why: if cancelled {
+                "cancelled"
+            } else {
+                "deadline exceeded"
+            },
+            claim: self.plan.claims.get(claim).map(|c| c.display.clone()),
+        })
     }
 
     fn in_use(&self, d: u32) -> bool {
@@ -1214,7 +1220,9 @@ impl<'a> NodeRun<'a> {
     }
 
     fn group(&mut self, g: usize) -> Result<bool, AllocError> {
-        self.tick()?;
+        // Past the last group the search is done: no claim to name.
+        let claim = self.plan.groups.get(g).map_or(usize::MAX, |x| x.claim);
+        self.tick(claim)?;
         if g == self.plan.groups.len() {
             return Ok(true);
         }
@@ -1263,7 +1271,7 @@ impl<'a> NodeRun<'a> {
         if slot == count {
             return self.group(p.group + 1);
         }
-        self.tick()?;
+        self.tick(p.claim)?;
         if p.all {
             let d = self.reqs[r].all[slot];
             let Some(undo) = self.try_add(r, d, true)? else {

@@ -195,9 +195,11 @@ enum NodeResult {
     },
     Unfit(String),
     Error(String),
-    /// The search ran out of the pod's budget, or was cancelled.
+    /// The search ran out of the pod's budget, or was cancelled; `claim` is the claim it
+    /// was searching in.
     Stopped {
         cancelled: bool,
+        claim: Option<String>,
     },
 }
 
@@ -672,10 +674,13 @@ impl Engine {
                             }
                         }
                     }
-                    Err(AllocError::Aborted { steps: n, .. }) => {
+                    Err(AllocError::Aborted {
+                        steps: n, claim, ..
+                    }) => {
                         steps.fetch_add(n, Ordering::Relaxed);
                         return NodeResult::Stopped {
                             cancelled: cancel.is_some_and(|c| c.load(Ordering::Relaxed)),
+                            claim,
                         };
                     }
                     Err(e) => return NodeResult::Error(attempt_error(&e)),
@@ -695,15 +700,20 @@ impl Engine {
         let chunk = 64.max(wanted.min(total));
         for names in node_names.chunks(chunk) {
             let part: Vec<NodeResult> = names.par_iter().map(&evaluate).collect();
-            if let Some(&NodeResult::Stopped { cancelled }) = part
+            if let Some(NodeResult::Stopped { cancelled, claim }) = part
                 .iter()
                 .find(|r| matches!(r, NodeResult::Stopped { .. }))
             {
-                let claims: Vec<String> = to_allocate
-                    .iter()
-                    .map(|(k, _)| k.to_string())
-                    .chain(ext_claim_all.iter().map(|_| "(extended resources)".into()))
-                    .collect();
+                let cancelled = *cancelled;
+                // The claim the search was in; all the pod's claims if it was between two.
+                let claims: Vec<String> = match claim {
+                    Some(claim) => vec![claim.clone()],
+                    None => to_allocate
+                        .iter()
+                        .map(|(k, _)| k.to_string())
+                        .chain(ext_claim_all.iter().map(|_| "(extended resources)".into()))
+                        .collect(),
+                };
                 let checked = results.len()
                     + part
                         .iter()

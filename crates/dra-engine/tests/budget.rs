@@ -49,17 +49,34 @@ fn hard_cluster() -> ClusterInput {
             "driver": "example.com", "nodeName": "n1",
             "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
             "devices": devices}}))],
-        claims: vec![from(
-            json!({"metadata": {"name": "zoned", "namespace": "default"},
-            "spec": {"devices": {
-                "requests": [
-                    {"name": "marker", "exactly": {"deviceClassName": "marker", "allocationMode": "All"}},
-                    {"name": "gpus", "exactly": {"deviceClassName": "gpu", "count": 31}}],
-                "constraints": [{"requests": ["marker", "gpus"], "matchAttribute": "example.com/zone"}]}}}),
-        )],
-        pods: vec![pod("hard", Some("zoned")), pod("plain", None)],
+        claims: vec![
+            from(json!({"metadata": {"name": "easy", "namespace": "default"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                    "deviceClassName": "gpu",
+                    "selectors": [{"cel": {"expression": "device.attributes['example.com'].zone == 'b'"}}]}}]}}})),
+            from(
+                json!({"metadata": {"name": "zoned", "namespace": "default"},
+                "spec": {"devices": {
+                    "requests": [
+                        {"name": "marker", "exactly": {"deviceClassName": "marker", "allocationMode": "All"}},
+                        {"name": "gpus", "exactly": {"deviceClassName": "gpu", "count": 31}}],
+                    "constraints": [{"requests": ["marker", "gpus"], "matchAttribute": "example.com/zone"}]}}}),
+            ),
+        ],
+        pods: vec![pod("hard", Some("zoned")), pod("plain", None), two_claims()],
         ..Default::default()
     }
+}
+
+/// A pod with an easy claim first and the hard one second.
+fn two_claims() -> k8s_openapi::api::core::v1::Pod {
+    from(
+        json!({"metadata": {"name": "both", "namespace": "default", "uid": "uid-both"},
+        "spec": {"schedulerName": "dra-scheduler", "resourceClaims": [
+            {"name": "easy", "resourceClaimName": "easy"},
+            {"name": "zoned", "resourceClaimName": "zoned"}],
+        "containers": [{"name": "c"}]}}),
+    )
 }
 
 fn key(name: &str) -> ObjectKey {
@@ -100,6 +117,22 @@ fn a_search_past_the_filter_timeout_makes_the_pod_unschedulable_naming_the_claim
         "{message}"
     );
     assert!(message.ends_with("(0 of 1 nodes checked)"), "{message}");
+}
+
+#[test]
+fn the_timeout_names_the_claim_the_search_was_stuck_in() {
+    let decision = answered(|| {
+        let config = EngineConfig {
+            filter_timeout: Duration::from_millis(200),
+            ..Default::default()
+        };
+        Engine::new(config, hard_cluster()).schedule(&key("both"))
+    });
+    let message = decision.message().unwrap_or_default();
+    assert!(
+        message.starts_with("timed out trying to allocate devices: the search for ResourceClaim default/zoned ran past"),
+        "{decision:?}"
+    );
 }
 
 #[test]
