@@ -116,6 +116,9 @@ pub struct Placement {
     pub pod_uid: Option<String>,
     pub node: String,
     pub claims: Vec<ClaimDecision>,
+    /// How long the device search for the pod's claims took on the chosen node (zero when
+    /// nothing was allocated). All of a pod's claims are searched together.
+    pub allocation_time: Duration,
 }
 
 /// The outcome of one scheduling cycle.
@@ -192,6 +195,7 @@ enum NodeResult {
         allocations: Found,
         score: Score,
         ext_claim: bool,
+        took: Duration,
     },
     Unfit(String),
     Error(String),
@@ -653,9 +657,15 @@ impl Engine {
                 };
                 (Some(&own), None)
             };
+            let mut took = Duration::ZERO;
             let (allocations, score) = match allocator {
                 None => (Found::Nothing, score(info, &requests, None)),
-                Some(allocator) => match allocator.allocate_with(node, limits) {
+                Some(allocator) => match {
+                    let started = Instant::now();
+                    let r = allocator.allocate_with(node, limits);
+                    took = started.elapsed();
+                    r
+                } {
                     Ok((outcome, stats)) => {
                         steps.fetch_add(stats.steps, Ordering::Relaxed);
                         match outcome {
@@ -691,6 +701,7 @@ impl Engine {
                 allocations,
                 score,
                 ext_claim: !ext_here.is_empty(),
+                took,
             }
         };
 
@@ -771,6 +782,7 @@ impl Engine {
             node,
             allocations,
             ext_claim,
+            took,
             ..
         }) = results
             .into_iter()
@@ -843,6 +855,7 @@ impl Engine {
             pod_uid,
             node,
             claims,
+            allocation_time: took,
         })
     }
 
