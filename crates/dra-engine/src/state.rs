@@ -5,7 +5,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{
+    Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod,
+};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 
 use crate::filters::{HostPort, host_ports};
@@ -22,6 +25,12 @@ pub struct ClusterInput {
     pub classes: Vec<DeviceClass>,
     pub slices: Vec<ResourceSlice>,
     pub taint_rules: Vec<DeviceTaintRule>,
+    /// Storage, for the volume plugins.
+    pub persistent_volumes: Vec<PersistentVolume>,
+    pub persistent_volume_claims: Vec<PersistentVolumeClaim>,
+    pub storage_classes: Vec<StorageClass>,
+    pub csi_nodes: Vec<CSINode>,
+    pub csi_drivers: Vec<CSIDriver>,
 }
 
 /// `namespace/name` of a namespaced object.
@@ -139,6 +148,18 @@ pub struct ClusterState {
     /// Shared with every snapshot built from this state (not copied per rebuild).
     pub slices: Vec<Arc<ResourceSlice>>,
     pub taint_rules: Vec<DeviceTaintRule>,
+    pub namespaces: BTreeMap<String, Namespace>,
+    pub volumes: Volumes,
+}
+
+/// The storage objects the volume plugins read, by name (claims by namespace/name).
+#[derive(Clone, Debug, Default)]
+pub struct Volumes {
+    pub persistent_volumes: BTreeMap<String, PersistentVolume>,
+    pub claims: HashMap<ObjectKey, PersistentVolumeClaim>,
+    pub storage_classes: BTreeMap<String, StorageClass>,
+    pub csi_nodes: BTreeMap<String, CSINode>,
+    pub csi_drivers: BTreeMap<String, CSIDriver>,
 }
 
 impl ClusterState {
@@ -157,6 +178,22 @@ impl ClusterState {
             classes: input.classes,
             slices: input.slices.into_iter().map(Arc::new).collect(),
             taint_rules: input.taint_rules,
+            namespaces: input
+                .namespaces
+                .into_iter()
+                .map(|n| (name_of(&n.metadata).to_string(), n))
+                .collect(),
+            volumes: Volumes {
+                persistent_volumes: by_name(input.persistent_volumes, |v| &v.metadata),
+                claims: input
+                    .persistent_volume_claims
+                    .into_iter()
+                    .map(|c| (ObjectKey::of(&c.metadata), c))
+                    .collect(),
+                storage_classes: by_name(input.storage_classes, |c| &c.metadata),
+                csi_nodes: by_name(input.csi_nodes, |c| &c.metadata),
+                csi_drivers: by_name(input.csi_drivers, |c| &c.metadata),
+            },
             ..Default::default()
         };
         for claim in input.claims {
@@ -197,6 +234,16 @@ impl ClusterState {
             info.remove_pod(pod);
         }
     }
+}
+
+fn by_name<T>(
+    objects: Vec<T>,
+    meta: impl Fn(&T) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> BTreeMap<String, T> {
+    objects
+        .into_iter()
+        .map(|o| (name_of(meta(&o)).to_string(), o))
+        .collect()
 }
 
 fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
