@@ -1,9 +1,12 @@
-//! Exact Kubernetes quantities, kept behind this module so the crate can switch to
-//! `dra_cel::Quantity` once that lands without touching the solver.
+//! The allocator's view of a Kubernetes quantity: its exact value and nothing else, for the
+//! search's capacity and counter arithmetic.
 //!
-//! A quantity is held as a signed count of nano-units (10⁻⁹) in an `i128`: every value
-//! the API accepts (up to exa-scale with binary suffixes) fits, and sums stay exact.
-//! Precision below a nano-unit is rounded up, as the API server does.
+//! Parsing is `dra_quantity`'s, the workspace's one implementation of Kubernetes'
+//! `ParseQuantity` (no whitespace, exponents as Go reads them, rounding up to a nano-unit,
+//! binary values capped at the largest `int64`). What this type adds is size: a signed count of
+//! nano-units (10⁻⁹) in an `i128`, 16 bytes, where `dra_quantity::Quantity` also carries the
+//! format and Kubernetes' internal representation. The solver keeps vectors of these per device
+//! and adds them in its inner loops, and it never needs the text they were written as.
 
 use std::fmt;
 use std::str::FromStr;
@@ -18,10 +21,19 @@ pub struct Quantity {
     nano: i128,
 }
 
-/// A quantity string the parser rejects.
+/// A quantity string the parser rejects, and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid quantity {0:?}")]
-pub struct QuantityError(pub String);
+#[error("invalid quantity {text:?}: {cause}")]
+pub struct QuantityError {
+    pub text: String,
+    pub cause: dra_quantity::QuantityError,
+}
+
+impl From<dra_quantity::Quantity> for Quantity {
+    fn from(q: dra_quantity::Quantity) -> Self {
+        Quantity { nano: q.nanos() }
+    }
+}
 
 impl Quantity {
     pub const ZERO: Quantity = Quantity { nano: 0 };
@@ -111,69 +123,12 @@ impl FromStr for Quantity {
     type Err = QuantityError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || QuantityError(s.to_string());
-        let t = s.trim();
-        let (neg, body) = match t.as_bytes().first() {
-            Some(b'-') => (true, &t[1..]),
-            Some(b'+') => (false, &t[1..]),
-            _ => (false, t),
-        };
-        let num_end = body
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(body.len());
-        let (number, suffix) = body.split_at(num_end);
-        if number.is_empty() || number == "." || number.matches('.').count() > 1 {
-            return Err(err());
-        }
-        let (int_part, frac_part) = number.split_once('.').unwrap_or((number, ""));
-        let mut mantissa: i128 = 0;
-        for c in int_part.chars().chain(frac_part.chars()) {
-            mantissa = mantissa
-                .checked_mul(10)
-                .and_then(|m| m.checked_add((c as u8 - b'0') as i128))
-                .ok_or_else(err)?;
-        }
-        // value = mantissa * 10^exp10 * 2^exp2, in units; we want nano-units.
-        let mut exp10: i32 = 9 - frac_part.len() as i32;
-        let mut exp2: u32 = 0;
-        match suffix {
-            "" => {}
-            "n" => exp10 -= 9,
-            "u" => exp10 -= 6,
-            "m" => exp10 -= 3,
-            "k" => exp10 += 3,
-            "M" => exp10 += 6,
-            "G" => exp10 += 9,
-            "T" => exp10 += 12,
-            "P" => exp10 += 15,
-            "E" => exp10 += 18,
-            "Ki" => exp2 = 10,
-            "Mi" => exp2 = 20,
-            "Gi" => exp2 = 30,
-            "Ti" => exp2 = 40,
-            "Pi" => exp2 = 50,
-            "Ei" => exp2 = 60,
-            _ if suffix.starts_with(['e', 'E']) => {
-                let e: i32 = suffix[1..].parse().map_err(|_| err())?;
-                if !(-60..=60).contains(&e) {
-                    return Err(err());
-                }
-                exp10 += e;
-            }
-            _ => return Err(err()),
-        }
-        let mut v = mantissa.checked_mul(1i128 << exp2).ok_or_else(err)?;
-        if exp10 >= 0 {
-            v = v
-                .checked_mul(10i128.checked_pow(exp10 as u32).ok_or_else(err)?)
-                .ok_or_else(err)?;
-        } else {
-            let d = 10i128.checked_pow((-exp10) as u32).ok_or_else(err)?;
-            v = v / d + i128::from(v % d != 0);
-        }
-        Ok(Quantity {
-            nano: if neg { -v } else { v },
-        })
+        s.parse::<dra_quantity::Quantity>()
+            .map(Quantity::from)
+            .map_err(|cause| QuantityError {
+                text: s.to_string(),
+                cause,
+            })
     }
 }
 
@@ -215,6 +170,29 @@ mod tests {
         );
         assert!("1Xi".parse::<Quantity>().is_err());
         assert!("".parse::<Quantity>().is_err());
+    }
+
+    /// This module once had its own parser, which trimmed whitespace and refused exponents
+    /// past ±60; it now answers as Kubernetes' `ParseQuantity` does.
+    #[test]
+    fn parses_as_kubernetes_does() {
+        for bad in [" 1Gi", "1Gi ", "1\n", "1 Gi"] {
+            let err = bad.parse::<Quantity>().unwrap_err();
+            assert_eq!(err.cause, dra_quantity::QuantityError::Format, "{bad:?}");
+            assert!(err.to_string().starts_with("invalid quantity"), "{err}");
+        }
+        assert_eq!(q("1e-100").nano(), 1, "rounds up to one nano-unit");
+        assert_eq!(
+            q("1e4294967299"),
+            Quantity::from_int(1000),
+            "Go's 32-bit exponent"
+        );
+        assert_eq!(
+            q("16Ei"),
+            Quantity::from_int(i64::MAX),
+            "binary capped at int64"
+        );
+        assert!("1e61".parse::<Quantity>().is_err(), "past the exact range");
     }
 
     #[test]

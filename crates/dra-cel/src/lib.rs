@@ -110,8 +110,10 @@
 //! A function marked "no" is a compile error here ("undeclared reference"), never a silent
 //! wrong answer.
 
-pub mod quantity;
-pub use quantity::{Format as QuantityFormat, Quantity, QuantityError};
+/// Quantities are the workspace's one implementation, `dra-quantity`; re-exported here so that
+/// CEL's `quantity()` and its callers name the same type.
+pub use dra_quantity as quantity;
+pub use dra_quantity::{Format as QuantityFormat, Quantity, QuantityError};
 
 mod check;
 mod device;

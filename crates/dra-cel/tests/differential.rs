@@ -176,6 +176,65 @@ const DOUBLES: &[&str] = &[
 ];
 const WORDS: &[&str] = &["a100", "A100", "h100-sxm", "x", "", "gpu,mig", "Tesla T4"];
 
+/// Quantities the workspace's parsers once disagreed on (whitespace, exponents), and the ends
+/// of the grammar: Kubernetes' answer for each is checked along with the generated ones.
+const EDGE_QUANTITIES: &[&str] = &[
+    " 1",
+    "1 ",
+    "\t1",
+    "1\n",
+    "1 Gi",
+    "- 1",
+    "1e 3",
+    "\u{a0}1",
+    " ",
+    "",
+    "1e3",
+    "1E3",
+    "1e+3",
+    "1e-3",
+    "1e0",
+    "1.5e1",
+    "1e-100",
+    "-1e-100",
+    "0e100",
+    "1e18",
+    "1e27",
+    "1e4294967299",
+    "1e-4294967299",
+    "1e4294967296",
+    "1e",
+    "1E",
+    "1e+",
+    "1e-",
+    "1ee3",
+    "1e3Ki",
+    "1e1.5",
+    "1e9223372036854775808",
+    "8Ei",
+    "100Ei",
+    "100E",
+    "0.0001Ki",
+    "1.0000000001",
+    "-1.0000000001",
+    "0.1n",
+    "k",
+    "-",
+    "+",
+    ".",
+    "Gi",
+    "-0",
+    "0.000",
+    "1.G",
+    ".5",
+    "001",
+    "--1",
+    "1K",
+    "1ki",
+    "1.5.5",
+    "１",
+];
+
 fn quantity_string(r: &mut Rng) -> String {
     let mut s = String::new();
     if r.chance(15) {
@@ -638,7 +697,11 @@ fn dra_cel_agrees_with_kubernetes() {
             divergence: None,
         });
     }
-    let quantities: Vec<String> = (0..2000).map(|_| quantity_string(&mut r)).collect();
+    let quantities: Vec<String> = EDGE_QUANTITIES
+        .iter()
+        .map(|s| s.to_string())
+        .chain((0..2000).map(|_| quantity_string(&mut r)))
+        .collect();
     let off = compare(
         !t.list_type_attributes,
         &devices,

@@ -1,5 +1,7 @@
-//! A strict parser for Kubernetes quantities (`resource.Quantity`), for the memory limits of a
-//! claim's opaque config. Only the quantity grammar is accepted:
+//! A strict reading of Kubernetes quantities (`resource.Quantity`), for the memory limits of a
+//! claim's opaque config. The value comes from `dra_quantity`, the workspace's one
+//! implementation of Kubernetes' `ParseQuantity`; this module only refuses more, and says why
+//! in words a config author can act on:
 //!
 //! ```text
 //! quantity = [ "+" | "-" ] number suffix
@@ -9,13 +11,15 @@
 //!          | ( "e" | "E" ) [ "+" | "-" ] digits                 (exponent)
 //! ```
 //!
-//! Nothing else: no whitespace, no control characters, no units such as `GB`. The value is
-//! computed exactly with integers and rounded up to a whole unit, as Kubernetes' `Value()`
-//! does. Negative values are refused (a limit cannot be negative). To keep the arithmetic
-//! in `u128`, the number may have at most 38 digits and the result must fit; memory limits
-//! are nowhere near either bound.
+//! Stricter than Kubernetes on purpose: the number must have a digit (Kubernetes reads `Gi`,
+//! `.` and `-` as zero, which in a limit is surely a typo), and negative values are refused (a
+//! limit cannot be negative). Like Kubernetes: no whitespace, no control characters, no units
+//! such as `GB`, and the value is exact, rounded up to a whole unit as `Value()` does, with
+//! binary quantities capped at the largest `int64`.
 
 use std::fmt;
+
+use dra_quantity::Quantity;
 
 /// Why a quantity string was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,54 +42,6 @@ impl fmt::Display for QuantityError {
     }
 }
 
-const MAX_DIGITS: usize = 38;
-
-/// What the suffix multiplies by.
-enum Scale {
-    /// 1024^n.
-    Binary(u32),
-    /// 10^n.
-    Decimal(i64),
-}
-
-fn scale(suffix: &str) -> Result<Scale, QuantityError> {
-    Ok(match suffix {
-        "" => Scale::Decimal(0),
-        "m" => Scale::Decimal(-3),
-        "k" => Scale::Decimal(3),
-        "M" => Scale::Decimal(6),
-        "G" => Scale::Decimal(9),
-        "T" => Scale::Decimal(12),
-        "P" => Scale::Decimal(15),
-        "E" => Scale::Decimal(18),
-        "Ki" => Scale::Binary(1),
-        "Mi" => Scale::Binary(2),
-        "Gi" => Scale::Binary(3),
-        "Ti" => Scale::Binary(4),
-        "Pi" => Scale::Binary(5),
-        "Ei" => Scale::Binary(6),
-        _ => {
-            let unknown = || QuantityError::Syntax(format!("unknown suffix {suffix:?}"));
-            let exponent = suffix.strip_prefix(['e', 'E']).ok_or_else(unknown)?;
-            let (negative, digits) = match exponent.as_bytes().first() {
-                Some(b'-') => (true, &exponent[1..]),
-                Some(b'+') => (false, &exponent[1..]),
-                _ => (false, exponent),
-            };
-            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(unknown());
-            }
-            // Anything past a few digits is far outside what fits anyway.
-            let magnitude: i64 = if digits.trim_start_matches('0').len() > 6 {
-                1_000_000
-            } else {
-                digits.parse().expect("at most 6 digits")
-            };
-            Scale::Decimal(if negative { -magnitude } else { magnitude })
-        }
-    })
-}
-
 /// Parses `text` as a non-negative Kubernetes quantity and returns its value in whole units,
 /// rounded up (`"1.5Ki"` is 1536, `"100m"` is 1).
 pub fn parse_units(text: &str) -> Result<u128, QuantityError> {
@@ -98,64 +54,28 @@ pub fn parse_units(text: &str) -> Result<u128, QuantityError> {
     {
         return Err(QuantityError::Syntax(format!("unexpected character {c:?}")));
     }
-    let (negative, rest) = match text.as_bytes()[0] {
-        b'-' => (true, &text[1..]),
-        b'+' => (false, &text[1..]),
-        _ => (false, text),
-    };
-    let number_end = rest
+    let unsigned = text.strip_prefix(['+', '-']).unwrap_or(text);
+    let number_end = unsigned
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(rest.len());
-    let (number, suffix) = rest.split_at(number_end);
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if fraction.contains('.') {
-        return Err(QuantityError::Syntax("more than one decimal point".into()));
-    }
-    if whole.is_empty() && fraction.is_empty() {
+        .unwrap_or(unsigned.len());
+    let (number, suffix) = unsigned.split_at(number_end);
+    if !number.bytes().any(|b| b.is_ascii_digit()) {
         return Err(QuantityError::Syntax("no digits".into()));
     }
-    if whole.len() + fraction.len() > MAX_DIGITS {
-        return Err(QuantityError::OutOfRange);
+    if number.matches('.').count() > 1 {
+        return Err(QuantityError::Syntax("more than one decimal point".into()));
     }
-    let scale = scale(suffix)?;
-    let fraction = fraction.trim_end_matches('0');
-    let digits = format!("{whole}{fraction}");
-    let digits = digits.trim_start_matches('0');
-    let mantissa: u128 = if digits.is_empty() {
-        0
-    } else {
-        digits.parse().expect("at most 38 ASCII digits")
-    };
-    if mantissa == 0 {
-        return Ok(0);
-    }
-    if negative {
+    let quantity: Quantity = text.parse().map_err(|e| match e {
+        dra_quantity::QuantityError::OutOfRange(_) => QuantityError::OutOfRange,
+        _ => QuantityError::Syntax(format!("unknown suffix {suffix:?}")),
+    })?;
+    if quantity.sign() < 0 {
         return Err(QuantityError::Negative);
     }
-    let fraction_digits = fraction.len() as i64;
-    match scale {
-        Scale::Binary(power) => {
-            let numerator = mantissa
-                .checked_mul(1u128 << (10 * power))
-                .ok_or(QuantityError::OutOfRange)?;
-            Ok(numerator.div_ceil(10u128.pow(fraction_digits as u32)))
-        }
-        Scale::Decimal(exponent) => {
-            let net = exponent - fraction_digits;
-            if net >= 0 {
-                u32::try_from(net)
-                    .ok()
-                    .and_then(|n| 10u128.checked_pow(n))
-                    .and_then(|m| mantissa.checked_mul(m))
-                    .ok_or(QuantityError::OutOfRange)
-            } else if -net > MAX_DIGITS as i64 {
-                // mantissa < 10^38 <= 10^-net: a positive fraction of a unit, rounded up.
-                Ok(1)
-            } else {
-                Ok(mantissa.div_ceil(10u128.pow((-net) as u32)))
-            }
-        }
-    }
+    const NANOS_PER_UNIT: i128 = 1_000_000_000;
+    let units = quantity.nanos().div_euclid(NANOS_PER_UNIT)
+        + i128::from(quantity.nanos().rem_euclid(NANOS_PER_UNIT) != 0);
+    u128::try_from(units).map_err(|_| QuantityError::OutOfRange)
 }
 
 /// A byte count as a quantity, in the largest binary unit that writes it exactly
@@ -233,6 +153,22 @@ mod tests {
         assert_eq!(syntax("."), "no digits");
         assert_eq!(syntax("4Gi4"), "unknown suffix \"Gi4\"");
         assert_eq!(syntax("１Gi"), "unexpected character '１'");
+    }
+
+    /// Kubernetes reads an empty number as zero; a limit written that way is a typo.
+    #[test]
+    fn stricter_than_kubernetes_where_a_limit_needs_it() {
+        for no_digits in ["Gi", "k", ".", "-", "+", "e3"] {
+            assert_eq!(
+                parse_units(no_digits),
+                Err(QuantityError::Syntax("no digits".into())),
+                "{no_digits:?}"
+            );
+            assert!(no_digits.parse::<Quantity>().is_ok(), "{no_digits:?}");
+        }
+        assert_eq!(parse_units("-1"), Err(QuantityError::Negative));
+        // As Kubernetes: binary values are capped at the largest int64.
+        assert_eq!(parse_units("100Ei"), Ok(i64::MAX as u128));
     }
 
     #[test]

@@ -1,16 +1,43 @@
-//! Exact Kubernetes quantities (`resource.Quantity`), for CEL's `quantity()` library and for the
-//! allocator's consumable capacity and counters.
+//! Exact Kubernetes resource quantities (`resource.Quantity`): the workspace's one parser.
 //!
-//! A quantity is held as a signed number of nano-units in an `i128`: Kubernetes rounds every
-//! parsed value up to the nearest nano-unit, so nanos are exact for anything Kubernetes can
-//! represent up to about ±1.7·10²⁹ units. Larger values (`1e30`) fail to parse with
-//! [`QuantityError::OutOfRange`] instead of being approximated; Kubernetes itself would keep them
-//! as arbitrary-precision decimals. No floating point is used except in
+//! # Brief overview
+//!
+//! A [`Quantity`] is parsed with [`str::parse`] (or [`Quantity::from_openapi`]) exactly as
+//! `ParseQuantity` in `k8s.io/apimachinery/pkg/api/resource` parses it, and written back with
+//! [`Display`](std::fmt::Display) in the canonical text the API server stores. CEL's `quantity()`
+//! (`dra-cel`), the allocator's capacity and counter arithmetic (`dra-allocator`), the engine's
+//! pod resources and the node agent's memory limits all parse through here; a crate that is
+//! stricter (the node agent refuses negative limits) wraps this parser rather than copying it.
+//!
+//! ```
+//! use dra_quantity::{Format, Quantity, QuantityError};
+//!
+//! let q: Quantity = "1.5Gi".parse().unwrap();
+//! assert_eq!(q.to_string(), "1536Mi");
+//! assert_eq!(q, "1610612736".parse().unwrap());
+//! assert_eq!(q.format(), Format::BinarySI);
+//! assert_eq!("1e3".parse::<Quantity>().unwrap().to_string(), "1e3");
+//! assert_eq!(" 1Gi".parse::<Quantity>(), Err(QuantityError::Format));
+//! ```
+//!
+//! The grammar is Kubernetes' own, edge cases included: no whitespace anywhere (the API
+//! server's JSON decoder trims it before parsing, `ParseQuantity` itself does not); suffixes
+//! `n u m "" k M G T P E` (decimal), `Ki Mi Gi Ti Pi Ei` (binary) or an exponent `e`/`E` with an
+//! optional sign, whose value Go truncates to 32 bits (`1e4294967299` is `1e3`); an empty
+//! number is zero (`k`, `-`, `.`); `1.G` is allowed. Values are rounded away from zero to a
+//! whole nano-unit, and binary quantities are capped at the largest `int64`.
+//!
+//! A quantity is held as a signed number of nano-units in an `i128`, so nanos are exact for
+//! anything Kubernetes can represent up to about ±1.7·10²⁹ units. Larger values (`1e30`) fail
+//! to parse with [`QuantityError::OutOfRange`] instead of being approximated; Kubernetes itself
+//! would keep them as arbitrary-precision decimals. No floating point is used except in
 //! [`Quantity::as_approximate_float`].
 //!
 //! Equality, ordering and hashing go by value only: `1Gi == 1024Mi == 1073741824`. The format the
 //! quantity was written in (binary `Ki`…`Ei`, decimal `k`…`E`, or exponent `e3`) is kept, as
 //! Kubernetes does, because it decides the canonical text [`Display`](std::fmt::Display) writes.
+
+#![forbid(unsafe_code)]
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -358,8 +385,8 @@ fn interpret_suffix(suffix: &str) -> Option<(u32, i64, Format)> {
                 return None;
             }
             let exp: i64 = rest.parse().ok()?;
-            // Go truncates the exponent to 32 bits; anything that large is out of our range anyway.
-            Some((10, exp, Format::DecimalExponent))
+            // Go parses 64 bits and then keeps the low 32 (`int32(parsed)`): `e4294967299` is `e3`.
+            Some((10, i64::from(exp as i32), Format::DecimalExponent))
         }
         _ => None,
     }
@@ -674,6 +701,91 @@ mod tests {
         }
         assert!(matches!(
             "1e40".parse::<Quantity>(),
+            Err(QuantityError::OutOfRange(_))
+        ));
+    }
+
+    /// The copies this crate replaced disagreed on whitespace: the allocator's trimmed it, CEL's
+    /// and the node agent's refused it. `ParseQuantity` refuses it, so all of them now do.
+    #[test]
+    fn whitespace_is_refused_anywhere() {
+        for bad in [
+            " 1", "1 ", "\t1", "1\n", "1 Gi", "1. 5", "- 1", "1e 3", "1e3 ", "\u{a0}1", " ",
+        ] {
+            assert_eq!(
+                bad.parse::<Quantity>(),
+                Err(QuantityError::Format),
+                "{bad:?}"
+            );
+        }
+        let api = k8s_openapi::apimachinery::pkg::api::resource::Quantity(" 1Gi".into());
+        assert!(Quantity::from_openapi(&api).is_err());
+    }
+
+    /// The copies also disagreed on exponents: the allocator refused any beyond ±60 and
+    /// accepted what Kubernetes truncates. Pinned here as Go's `ParseQuantity` answers.
+    #[test]
+    fn exponents_as_kubernetes_reads_them() {
+        for (input, want) in [
+            ("1e3", "1e3"),
+            ("1E3", "1e3"),
+            ("1e+3", "1e3"),
+            ("1e-3", "1e-3"),
+            ("1e0", "1"),
+            ("1.5e1", "15"),
+            ("1e-100", "1e-9"),
+            ("-1e-100", "-1e-9"),
+            ("0e100", "0"),
+            ("0e-100", "0"),
+            ("1e18", "1e18"),
+            ("1e27", "1e27"),
+            // Go keeps the low 32 bits of the exponent.
+            ("1e4294967299", "1e3"),
+            ("1e-4294967299", "1e-3"),
+            ("1e4294967296", "1"),
+        ] {
+            assert_eq!(q(input).to_string(), want, "{input}");
+        }
+        assert_eq!(q("1e3").format(), Format::DecimalExponent);
+        assert_eq!(q("1e-100").nanos(), 1, "below a nano rounds up to one");
+        for (bad, err) in [
+            ("1e", QuantityError::Suffix),
+            ("1e+", QuantityError::Suffix),
+            ("1e-", QuantityError::Suffix),
+            ("1ee3", QuantityError::Suffix),
+            ("1e3Ki", QuantityError::Format),
+            ("1e1.5", QuantityError::Format),
+            ("1e9223372036854775808", QuantityError::Suffix),
+        ] {
+            assert_eq!(bad.parse::<Quantity>(), Err(err), "{bad:?}");
+        }
+        // Exactly `E` alone is the exa suffix, not an exponent.
+        assert_eq!(q("1E").to_string(), "1E");
+        assert!(matches!(
+            "1e30".parse::<Quantity>(),
+            Err(QuantityError::OutOfRange(_))
+        ));
+    }
+
+    #[test]
+    fn maximum_sizes_and_rounding() {
+        // Binary quantities are capped at the largest int64, decimal ones are not.
+        assert_eq!(q("8Ei").to_string(), "9223372036854775807");
+        assert_eq!(q("100Ei"), q("8Ei"));
+        assert_eq!(q("100E").to_string(), "100E");
+        // Below one, a binary quantity is written in decimal.
+        assert_eq!(q("0.5").format(), Format::DecimalSI);
+        assert_eq!(q("0.0001Ki").format(), Format::DecimalSI);
+        // Rounded away from zero to a whole nano-unit.
+        assert_eq!(q("1.0000000001").nanos(), 1_000_000_001);
+        assert_eq!(q("-1.0000000001").nanos(), -1_000_000_001);
+        assert_eq!(q("0.1n").to_string(), "1n");
+        // Empty numbers are zero, as in Go.
+        for zero in ["k", "-", "+", ".", "Gi", "-0", "0.000"] {
+            assert!(q(zero).is_zero(), "{zero}");
+        }
+        assert!(matches!(
+            "170141183460469231731687303716e0".parse::<Quantity>(),
             Err(QuantityError::OutOfRange(_))
         ));
     }
