@@ -94,6 +94,8 @@
 //! }
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod attr;
 pub mod build;
 mod capacity;

@@ -110,6 +110,8 @@
 //! A function marked "no" is a compile error here ("undeclared reference"), never a silent
 //! wrong answer.
 
+#![forbid(unsafe_code)]
+
 /// Quantities are the workspace's one implementation, `dra-quantity`; re-exported here so that
 /// CEL's `quantity()` and its callers name the same type.
 pub use dra_quantity as quantity;

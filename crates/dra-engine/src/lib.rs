@@ -1,3 +1,4 @@
+#![forbid(unsafe_code)]
 //! The scheduling engine of dra-scheduler: cluster state in, decisions out.
 //!
 //! Brief overview:
