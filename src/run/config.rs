@@ -99,6 +99,26 @@ struct ScoringFile {
     least_allocated: u32,
 }
 
+/// The default profile with the `scoring:` weights on the plugins they name: the
+/// prioritized list is DynamicResources' score, least allocated NodeResourcesFit's.
+fn profile_with(scoring: Option<ScoringFile>) -> dra_engine::Profile {
+    let mut profile = dra_engine::Profile::default();
+    let Some(w) = scoring else {
+        return profile;
+    };
+    for (name, weight) in [
+        ("DynamicResources", w.prioritized_list),
+        ("NUMAAlignment", w.numa_alignment),
+        ("DevicePacking", w.device_packing),
+        ("NodeResourcesFit", w.least_allocated),
+    ] {
+        if let Some(entry) = profile.entry_mut(name) {
+            entry.weight = i64::from(weight);
+        }
+    }
+    profile
+}
+
 #[derive(Deserialize, Debug, Default)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct LeaderElectionFile {
@@ -132,8 +152,9 @@ pub struct Config {
     pub max_concurrent_binds: usize,
     pub client_qps: f64,
     pub client_burst: u32,
-    /// `scoring:` in the file; `None`: the criteria in strict order.
-    pub scoring: Option<dra_engine::ScoreWeights>,
+    /// The scheduling profile: kube-scheduler's default plugins plus the device scores,
+    /// with the weights of `scoring:` in the file applied.
+    pub profile: dra_engine::Profile,
     /// `None` when leader election is off: this replica schedules alone.
     pub leader_election: Option<LeaderElection>,
     /// One pod's device search budget.
@@ -234,12 +255,7 @@ impl Config {
                 .max_concurrent_binds
                 .or(file.max_concurrent_binds)
                 .unwrap_or(16),
-            scoring: file.scoring.map(|w| dra_engine::ScoreWeights {
-                prioritized_list: w.prioritized_list,
-                numa_alignment: w.numa_alignment,
-                device_packing: w.device_packing,
-                least_allocated: w.least_allocated,
-            }),
+            profile: profile_with(file.scoring),
             client_qps: args.client_qps.or(file.client_qps).unwrap_or(100.0),
             client_burst: args.client_burst.or(file.client_burst).unwrap_or(200),
             leader_election,
@@ -297,13 +313,22 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
+        let weight = |name: &str| {
+            config
+                .profile
+                .plugins
+                .iter()
+                .find(|p| p.name == name)
+                .map(|p| p.weight)
+        };
+        assert_eq!(weight("NodeResourcesFit"), Some(2));
+        assert_eq!(weight("DevicePacking"), Some(1));
+        assert_eq!(weight("NUMAAlignment"), Some(0));
+        assert_eq!(weight("DynamicResources"), Some(0));
         assert_eq!(
-            config.scoring,
-            Some(dra_engine::ScoreWeights {
-                least_allocated: 2,
-                device_packing: 1,
-                ..Default::default()
-            })
+            weight("TaintToleration"),
+            Some(3),
+            "others keep their weights"
         );
         let election = config.leader_election.unwrap();
         assert_eq!(

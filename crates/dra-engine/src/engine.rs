@@ -1,25 +1,19 @@
-//! One pod's scheduling cycle: claims → core filters → allocator per node → score → pick.
+//! The engine: cluster state, the profile's plugins, and what a scheduling cycle decides
+//! (the cycle itself is in `cycle.rs`). Decisions are assumed into the state until their
+//! writes land, and forgotten when a write fails.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use dra_allocator::{
-    AllocError, Allocation, Allocator, Features, Limits, Outcome, SelectorCache, Snapshot,
-    SnapshotInput,
-};
+use dra_allocator::{Features, SelectorCache, Snapshot, SnapshotInput};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus,
-};
-use rayon::prelude::*;
+use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim, ResourceClaimStatus};
 
 use crate::changes::Changes;
-use crate::extended;
-use crate::filters;
-use crate::resources::pod_requests;
-use crate::state::{ClusterInput, ClusterState, NodeInfo, ObjectKey, bound_node};
+use crate::claims;
+use crate::framework::{Framework, Profile};
+use crate::state::{ClusterInput, ClusterState, ObjectKey, bound_node};
 
 /// How the engine chooses.
 #[derive(Clone, Debug)]
@@ -31,28 +25,13 @@ pub struct EngineConfig {
     pub percentage_of_nodes_to_score: u32,
     /// DRA features that are on.
     pub features: Features,
-    /// How feasible nodes are ranked: `None` (the default) compares the criteria in strict
-    /// order (firstAvailable rank, NUMA domains kept whole, device packing, least allocated
-    /// cpu and memory); weights rank by a weighted sum of the criteria, each normalised to
-    /// 0..100 across the feasible nodes, as kube-scheduler combines its score plugins.
-    pub weights: Option<ScoreWeights>,
+    /// The plugins that run, their score weights and arguments (kube-scheduler's default
+    /// profile plus this scheduler's device scores, unless configured otherwise).
+    pub profile: Profile,
     /// The most one pod's device search may take, over all nodes (`filterTimeout`; like
     /// kube-scheduler's DRASchedulerFilterTimeout, 10 s by default). A pod that reaches it
     /// is unschedulable for this attempt, with a message that says so.
     pub filter_timeout: Duration,
-}
-
-/// Weights of the scoring criteria (see [`EngineConfig::weights`]); 0 ignores one.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ScoreWeights {
-    /// Better-ranked firstAvailable subrequests chosen.
-    pub prioritized_list: u32,
-    /// Fewer whole free NUMA domains broken into.
-    pub numa_alignment: u32,
-    /// Fewer free devices left on the node (pack devices, keep whole nodes free).
-    pub device_packing: u32,
-    /// More cpu and memory left free (spread pods).
-    pub least_allocated: u32,
 }
 
 /// kube-scheduler's default for DRASchedulerFilterTimeout.
@@ -64,32 +43,8 @@ impl Default for EngineConfig {
             scheduler_name: "dra-scheduler".into(),
             percentage_of_nodes_to_score: 0,
             features: Features::default(),
-            weights: None,
+            profile: Profile::default(),
             filter_timeout: DEFAULT_FILTER_TIMEOUT,
-        }
-    }
-}
-
-/// Why a pod's claims cannot be used yet.
-#[derive(Debug)]
-struct ClaimsNotReady {
-    message: String,
-    /// A claim does not exist (yet), as opposed to existing in an unusable state.
-    missing: bool,
-}
-
-impl ClaimsNotReady {
-    fn missing(message: String) -> Self {
-        ClaimsNotReady {
-            message,
-            missing: true,
-        }
-    }
-
-    fn other(message: String) -> Self {
-        ClaimsNotReady {
-            message,
-            missing: false,
         }
     }
 }
@@ -174,6 +129,9 @@ impl Decision {
 /// Cluster state plus the scheduling cycle.
 pub struct Engine {
     config: EngineConfig,
+    /// The profile's plugins; why they cannot be built, if the profile is wrong (every
+    /// attempt then fails with that message).
+    framework: Result<Arc<Framework>, String>,
     state: ClusterState,
     /// The allocator's view, rebuilt when slices, classes or taint rules change and kept up
     /// to date with allocations in between.
@@ -188,55 +146,10 @@ pub struct Engine {
     forked_at: Option<u64>,
 }
 
-/// A node that passed or failed, with why.
-enum NodeResult {
-    Feasible {
-        node: String,
-        allocations: Found,
-        score: Score,
-        ext_claim: bool,
-        took: Duration,
-    },
-    Unfit(String),
-    Error(String),
-    /// The search ran out of the pod's budget, or was cancelled; `claim` is the claim it
-    /// was searching in.
-    Stopped {
-        cancelled: bool,
-        claim: Option<String>,
-    },
-}
-
-/// The devices of a feasible node. `AllocationResult`s (strings, configs, node selectors)
-/// are built only for the node picked, from the allocator that found them.
-enum Found {
-    /// No claims to allocate.
-    Nothing,
-    /// By the allocator of the pod's claims.
-    Plain(Allocation),
-    /// By the allocator of the pod's claims plus the claim for extended resources.
-    Ext(Allocation),
-    /// Built at once: the allocator of a node that serves only some extended resources by
-    /// DRA (a rare mix) is built for that node and not kept.
-    Built(Vec<AllocationResult>),
-}
-
-/// Higher is better, compared in field order; ties go to the node name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Score {
-    /// firstAvailable: sum over requests of (8 - chosen index), like upstream.
-    prioritized: u32,
-    /// Fewer fully free NUMA domains broken into.
-    numa_kept: i64,
-    /// Fewer free devices left on the node: pack devices, keep whole nodes free.
-    packing: i64,
-    /// Least allocated cpu and memory, in per-mille of allocatable.
-    least_allocated: i64,
-}
-
 impl Engine {
     pub fn new(config: EngineConfig, input: ClusterInput) -> Self {
         Engine {
+            framework: Framework::new(&config.profile).map(Arc::new),
             config,
             state: ClusterState::new(input),
             snapshot: None,
@@ -253,6 +166,7 @@ impl Engine {
     pub fn fork(&self) -> Engine {
         Engine {
             config: self.config.clone(),
+            framework: self.framework.clone(),
             state: self.state.clone(),
             snapshot: None,
             selector_cache: self.selector_cache.clone(),
@@ -312,35 +226,41 @@ impl Engine {
         self.search_steps.load(Ordering::Relaxed)
     }
 
-    /// Why the pod cannot be tried yet because a claim it names does not exist (yet): the
-    /// claim of a template that kube-controller-manager has not created, or a claim not
-    /// found. Such a pod waits without an attempt (kube-scheduler's PreEnqueue).
-    pub fn claims_missing(&self, pod_key: &ObjectKey) -> Option<String> {
-        let pod = self.state.pods.get(pod_key)?;
-        match self.pod_claims(pod) {
-            Err(e) if e.missing => Some(e.message),
-            _ => None,
-        }
+    pub(crate) fn record_search_steps(&self, steps: u64) {
+        self.search_steps.store(steps, Ordering::Relaxed);
     }
 
-    /// A claim of this unbound pod that is allocated but reserved for nobody else, which
-    /// could be given back so the pod can be placed elsewhere. kube-scheduler does this
-    /// after a pod turns out unschedulable (PostFilter); so does a restarted scheduler find
-    /// claims it allocated for a pod it never bound.
+    /// The profile's plugins, or why the profile cannot be used.
+    pub fn framework(&self) -> Result<Arc<Framework>, String> {
+        self.framework
+            .clone()
+            .map_err(|e| format!("scheduler profile: {e}"))
+    }
+
+    /// Why the pod cannot be tried yet (PreEnqueue): a scheduling gate, or a claim it
+    /// names does not exist yet (the claim of a template that kube-controller-manager has
+    /// not created). Such a pod waits without an attempt.
+    pub fn claims_missing(&self, pod_key: &ObjectKey) -> Option<String> {
+        let pod = self.state.pods.get(pod_key)?;
+        let framework = self.framework.as_ref().ok()?;
+        let status = framework.pre_enqueue(pod, &self.state);
+        (!status.is_success()).then(|| status.message())
+    }
+
+    /// What PostFilter asks for after the pod did not fit: a claim of this unbound pod that
+    /// is allocated but reserved for nobody else, to give back so the pod can be placed
+    /// elsewhere (so does a restarted scheduler find claims it allocated for a pod it never
+    /// bound).
     pub fn claim_to_release(&self, pod_key: &ObjectKey) -> Option<ObjectKey> {
         let pod = self.state.pods.get(pod_key)?;
-        if bound_node(pod).is_some() {
-            return None;
+        match self
+            .framework
+            .as_ref()
+            .ok()?
+            .post_filter(pod, &self.state)?
+        {
+            crate::framework::PostFilterAction::ReleaseClaim(key) => Some(key),
         }
-        let uid = pod.metadata.uid.as_deref()?;
-        self.pod_claims(pod).ok()?.into_iter().find(|key| {
-            let Some(status) = self.state.claims.get(key).and_then(|c| c.status.as_ref()) else {
-                return false;
-            };
-            let reserved = status.reserved_for.as_deref().unwrap_or_default();
-            status.allocation.is_some()
-                && (reserved.is_empty() || (reserved.len() == 1 && reserved[0].uid == uid))
-        })
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -368,10 +288,17 @@ impl Engine {
             .filter(|(_, p)| bound_node(p).is_none() && !crate::state::is_terminal(p))
             .filter(|(_, p)| all || self.is_ours(p))
             .collect();
-        // Ties (same priority and position) fall back to namespace/name: deterministic.
-        pending.sort_by_key(|(k, p)| {
-            let priority = p.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
-            (std::cmp::Reverse(priority), order(k), (*k).clone())
+        // QueueSort (PrioritySort), then the order given; then namespace/name.
+        let framework = self.framework.as_ref().ok();
+        pending.sort_by(|(ka, a), (kb, b)| {
+            let less = |x, y| framework.is_some_and(|f| f.less(x, y));
+            if less(a, b) {
+                std::cmp::Ordering::Less
+            } else if less(b, a) {
+                std::cmp::Ordering::Greater
+            } else {
+                (order(ka), *ka).cmp(&(order(kb), *kb))
+            }
         });
         pending.into_iter().map(|(k, _)| k.clone()).collect()
     }
@@ -382,7 +309,7 @@ impl Engine {
         name.unwrap_or("default-scheduler") == self.config.scheduler_name
     }
 
-    fn snapshot(&mut self) -> Arc<Snapshot> {
+    pub(crate) fn snapshot(&mut self) -> Arc<Snapshot> {
         if let Some(s) = &self.snapshot {
             return s.clone();
         }
@@ -405,461 +332,7 @@ impl Engine {
         snapshot
     }
 
-    /// The claims a pod references, by pod claim name, or why one is not usable yet.
-    fn pod_claims(&self, pod: &Pod) -> Result<Vec<ObjectKey>, ClaimsNotReady> {
-        let ns = pod
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into());
-        let statuses = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.resource_claim_statuses.as_ref());
-        let mut keys = Vec::new();
-        for pc in pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.resource_claims.as_ref())
-            .into_iter()
-            .flatten()
-        {
-            let name = if let Some(name) = pc.resource_claim_name.as_deref() {
-                name.to_string()
-            } else if pc.resource_claim_template_name.is_some() {
-                match statuses.and_then(|s| s.iter().find(|s| s.name == pc.name)) {
-                    Some(s) => match s.resource_claim_name.as_deref() {
-                        Some(n) => n.to_string(),
-                        // The controller decided the pod needs no claim here.
-                        None => continue,
-                    },
-                    None => {
-                        return Err(ClaimsNotReady::missing(format!(
-                            "waiting for the ResourceClaim of pod claim {} to be created from ResourceClaimTemplate {}",
-                            pc.name,
-                            pc.resource_claim_template_name
-                                .as_deref()
-                                .unwrap_or_default()
-                        )));
-                    }
-                }
-            } else {
-                return Err(ClaimsNotReady::other(format!(
-                    "pod claim {} names neither a claim nor a template",
-                    pc.name
-                )));
-            };
-            let key = ObjectKey::new(ns.clone(), name);
-            let Some(claim) = self.state.claims.get(&key) else {
-                return Err(ClaimsNotReady::missing(format!(
-                    "ResourceClaim {key} not found"
-                )));
-            };
-            if claim.metadata.deletion_timestamp.is_some() {
-                return Err(ClaimsNotReady::other(format!(
-                    "ResourceClaim {key} is being deleted"
-                )));
-            }
-            if let (Some(template), Some(owner)) = (
-                pc.resource_claim_template_name.as_deref(),
-                pod.metadata.name.as_deref(),
-            ) {
-                let owned = claim.metadata.owner_references.iter().flatten().any(|o| {
-                    o.kind == "Pod"
-                        && o.name == owner
-                        && (pod.metadata.uid.is_none()
-                            || pod.metadata.uid.as_deref() == Some(&o.uid))
-                });
-                if !owned {
-                    return Err(ClaimsNotReady::other(format!(
-                        "ResourceClaim {key} was not created for this pod from template {template}"
-                    )));
-                }
-            }
-            keys.push(key);
-        }
-        Ok(keys)
-    }
-
-    /// Run the scheduling cycle for one pod. Does not change the state: call
-    /// [`Engine::assume`] with a `Scheduled` decision to take it.
-    pub fn schedule(&mut self, pod_key: &ObjectKey) -> Decision {
-        self.schedule_with(pod_key, None)
-    }
-
-    /// [`Engine::schedule`] that stops early when `cancel` is set (the daemon sets it when
-    /// it stops leading or shuts down). Either way the device search of one pod is bounded
-    /// by [`EngineConfig::filter_timeout`].
-    pub fn schedule_with(&mut self, pod_key: &ObjectKey, cancel: Option<&AtomicBool>) -> Decision {
-        self.schedule_within(pod_key, self.config.filter_timeout, cancel)
-    }
-
-    /// [`Engine::schedule_with`] with a budget of its own for the device search (a first,
-    /// short try; the daemon gives a pod that needs more the whole budget on a fork).
-    pub fn schedule_within(
-        &mut self,
-        pod_key: &ObjectKey,
-        budget: Duration,
-        cancel: Option<&AtomicBool>,
-    ) -> Decision {
-        self.search_steps.store(0, Ordering::Relaxed);
-        let limits = Limits {
-            deadline: Some(Instant::now() + budget),
-            cancel,
-        };
-        let Some(pod) = self.state.pods.get(pod_key).cloned() else {
-            return Decision::Error {
-                pod: pod_key.clone(),
-                message: format!("pod {pod_key} not found"),
-            };
-        };
-        let unschedulable = |message: String| Decision::Unschedulable {
-            pod: pod_key.clone(),
-            message,
-        };
-        let claim_keys = match self.pod_claims(&pod) {
-            Ok(k) => k,
-            Err(e) => return unschedulable(e.message),
-        };
-        let requests = match pod_requests(&pod) {
-            Ok(r) => r,
-            Err(e) => {
-                return Decision::Error {
-                    pod: pod_key.clone(),
-                    message: format!("pod {pod_key}: {e}"),
-                };
-            }
-        };
-        let pod_uid = pod.metadata.uid.clone();
-        let pod_name = pod.metadata.name.clone().unwrap_or_default();
-
-        // Claims already allocated are checked by node selector; the rest are allocated.
-        let mut allocated: Vec<(ObjectKey, ResourceClaim)> = Vec::new();
-        let mut to_allocate: Vec<(ObjectKey, ResourceClaim)> = Vec::new();
-        for key in &claim_keys {
-            let claim = self.state.claims[key].clone();
-            let status = claim.status.as_ref();
-            let reserved = status
-                .and_then(|s| s.reserved_for.as_ref())
-                .map(Vec::len)
-                .unwrap_or(0);
-            let reserved_for_us = status
-                .and_then(|s| s.reserved_for.as_ref())
-                .is_some_and(|r| r.iter().any(|c| is_pod(c, &pod_name, pod_uid.as_deref())));
-            if reserved >= 256 && !reserved_for_us {
-                return unschedulable(format!(
-                    "ResourceClaim {key} is reserved for the maximum of 256 consumers"
-                ));
-            }
-            if status.and_then(|s| s.allocation.as_ref()).is_some() {
-                allocated.push((key.clone(), claim));
-            } else if !to_allocate.iter().any(|(k, _)| k == key) {
-                to_allocate.push((key.clone(), claim));
-            }
-        }
-
-        // Extended resources served by DRA, resolved per node below.
-        let ext = extended::requests_served_by_dra(&requests, &self.state.classes);
-
-        let snapshot = self.snapshot();
-        // Claims are checked and their selectors compiled once for all nodes.
-        let plain: Vec<&ResourceClaim> = to_allocate.iter().map(|(_, c)| c).collect();
-        let allocator_plain = match (!plain.is_empty()).then(|| Allocator::new(&snapshot, &plain)) {
-            None => None,
-            Some(Ok(a)) => Some(a),
-            Some(Err(e)) => {
-                return Decision::Error {
-                    pod: pod_key.clone(),
-                    message: attempt_error(&e),
-                };
-            }
-        };
-        let ext_claim_all =
-            (!ext.is_empty()).then(|| extended::claim_for(&pod, &ext.iter().collect::<Vec<_>>()).0);
-        let allocator_ext = match ext_claim_all.as_ref().map(|c| {
-            let mut claims = plain.clone();
-            claims.push(c);
-            Allocator::new(&snapshot, &claims)
-        }) {
-            None => None,
-            Some(Ok(a)) => Some(a),
-            Some(Err(e)) => {
-                return Decision::Error {
-                    pod: pod_key.clone(),
-                    message: attempt_error(&e),
-                };
-            }
-        };
-        let node_names: Vec<String> = self.state.nodes.keys().cloned().collect();
-        let total = node_names.len();
-        let wanted = self.feasible_nodes_to_find(total);
-        let state = &self.state;
-        let steps = &self.search_steps;
-        let ports = filters::host_ports(&pod);
-
-        let evaluate = |name: &String| -> NodeResult {
-            let info = &state.nodes[name];
-            let node = &info.node;
-            let check = filters::node_name(&pod, node)
-                .and_then(|_| filters::unschedulable(&pod, node))
-                .and_then(|_| filters::taints(&pod, node))
-                .and_then(|_| filters::node_affinity(&pod, node))
-                .and_then(|_| match &info.broken {
-                    Some(b) => Err(b.clone()),
-                    None => Ok(()),
-                })
-                .and_then(|_| {
-                    filters::resources_fit(
-                        &requests,
-                        &info.allocatable,
-                        &info.used,
-                        info.pods,
-                        &|r| ext.iter().any(|e| e.resource == r),
-                    )
-                })
-                .and_then(|_| filters::host_ports_free(&ports, &info.ports));
-            if let Err(reason) = check {
-                return NodeResult::Unfit(reason);
-            }
-            for (key, claim) in &allocated {
-                if let Some(sel) = claim
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.allocation.as_ref())
-                    .and_then(|a| a.node_selector.as_ref())
-                    && !filters::node_selector_terms_match(&sel.node_selector_terms, node)
-                {
-                    return NodeResult::Unfit(format!(
-                        "ResourceClaim {key} is allocated to devices not reachable from the node"
-                    ));
-                }
-            }
-            // Extended resources the node has no device-plugin capacity for go to DRA.
-            let ext_here: Vec<&extended::ExtendedRequest> = ext
-                .iter()
-                .filter(|e| !info.allocatable.0.contains_key(&e.resource))
-                .collect();
-            let own;
-            // How a compact answer is kept for later; `None`: results are built at once.
-            type Keep = Option<fn(Allocation) -> Found>;
-            let (allocator, keep): (_, Keep) = if ext_here.is_empty() {
-                (allocator_plain.as_ref(), Some(Found::Plain))
-            } else if ext_here.len() == ext.len() {
-                (allocator_ext.as_ref(), Some(Found::Ext))
-            } else {
-                // Some extended resources by device plugin, others by DRA: a rare mix.
-                let (claim, _) = extended::claim_for(&pod, &ext_here);
-                let mut claims: Vec<&ResourceClaim> = to_allocate.iter().map(|(_, c)| c).collect();
-                claims.push(&claim);
-                own = match Allocator::new(&snapshot, &claims) {
-                    Ok(a) => a,
-                    Err(e) => return NodeResult::Error(attempt_error(&e)),
-                };
-                (Some(&own), None)
-            };
-            let mut took = Duration::ZERO;
-            let (allocations, score) = match allocator {
-                None => (Found::Nothing, score(info, &requests, None)),
-                Some(allocator) => match {
-                    let started = Instant::now();
-                    let r = allocator.allocate_with(node, limits);
-                    took = started.elapsed();
-                    r
-                } {
-                    Ok((outcome, stats)) => {
-                        steps.fetch_add(stats.steps, Ordering::Relaxed);
-                        match outcome {
-                            Outcome::Allocated(a) => {
-                                let score = score(info, &requests, Some(&a.quality));
-                                match keep {
-                                    Some(keep) => (keep(a), score),
-                                    None => match allocator.results(node, &a) {
-                                        Ok(r) => (Found::Built(r), score),
-                                        Err(e) => return NodeResult::Error(attempt_error(&e)),
-                                    },
-                                }
-                            }
-                            Outcome::Unfit(explanation) => {
-                                return NodeResult::Unfit(describe_unfit(&explanation));
-                            }
-                        }
-                    }
-                    Err(AllocError::Aborted {
-                        steps: n, claim, ..
-                    }) => {
-                        steps.fetch_add(n, Ordering::Relaxed);
-                        return NodeResult::Stopped {
-                            cancelled: cancel.is_some_and(|c| c.load(Ordering::Relaxed)),
-                            claim,
-                        };
-                    }
-                    Err(e) => return NodeResult::Error(attempt_error(&e)),
-                },
-            };
-            NodeResult::Feasible {
-                node: name.clone(),
-                allocations,
-                score,
-                ext_claim: !ext_here.is_empty(),
-                took,
-            }
-        };
-
-        // Evaluate nodes in parallel, a chunk at a time, until enough are feasible.
-        let mut results: Vec<NodeResult> = Vec::with_capacity(total);
-        let mut feasible = 0;
-        let chunk = 64.max(wanted.min(total));
-        for names in node_names.chunks(chunk) {
-            let part: Vec<NodeResult> = names.par_iter().map(&evaluate).collect();
-            if let Some(NodeResult::Stopped { cancelled, claim }) = part
-                .iter()
-                .find(|r| matches!(r, NodeResult::Stopped { .. }))
-            {
-                let cancelled = *cancelled;
-                // The claim the search was in; all the pod's claims if it was between two.
-                let claims: Vec<String> = match claim {
-                    Some(claim) => vec![claim.clone()],
-                    None => to_allocate
-                        .iter()
-                        .map(|(k, _)| k.to_string())
-                        .chain(ext_claim_all.iter().map(|_| "(extended resources)".into()))
-                        .collect(),
-                };
-                let checked = results.len()
-                    + part
-                        .iter()
-                        .filter(|r| !matches!(r, NodeResult::Stopped { .. }))
-                        .count();
-                if cancelled {
-                    return Decision::Error {
-                        pod: pod_key.clone(),
-                        message: "scheduling attempt cancelled".into(),
-                    };
-                }
-                return Decision::OutOfTime {
-                    pod: pod_key.clone(),
-                    message: format!(
-                        "timed out trying to allocate devices: the search for ResourceClaim {} ran past {} of {budget:?} ({checked} of {total} nodes checked)",
-                        claims.join(", "),
-                        if budget == self.config.filter_timeout {
-                            "the filterTimeout"
-                        } else {
-                            "a first try"
-                        },
-                    ),
-                };
-            }
-            if let Some(NodeResult::Error(message)) =
-                part.iter().find(|r| matches!(r, NodeResult::Error(_)))
-            {
-                return Decision::Error {
-                    pod: pod_key.clone(),
-                    message: message.clone(),
-                };
-            }
-            feasible += part
-                .iter()
-                .filter(|r| matches!(r, NodeResult::Feasible { .. }))
-                .count();
-            results.extend(part);
-            if feasible >= wanted {
-                break;
-            }
-        }
-
-        let feasible: Vec<(&Score, &String)> = results
-            .iter()
-            .filter_map(|r| match r {
-                NodeResult::Feasible { node, score, .. } => Some((score, node)),
-                _ => None,
-            })
-            .collect();
-        let best = pick(&feasible, self.config.weights.as_ref());
-        let Some(best) = best else {
-            return unschedulable(group_reasons(total, &results));
-        };
-        let Some(NodeResult::Feasible {
-            node,
-            allocations,
-            ext_claim,
-            took,
-            ..
-        }) = results
-            .into_iter()
-            .find(|r| matches!(r, NodeResult::Feasible { node, .. } if *node == best))
-        else {
-            unreachable!("the best node is among the results")
-        };
-
-        // Results are built for the chosen node only.
-        let built = match allocations {
-            Found::Nothing => Ok(Vec::new()),
-            Found::Built(results) => Ok(results),
-            Found::Plain(a) => allocator_plain
-                .as_ref()
-                .expect("found by this allocator")
-                .results(&self.state.nodes[&node].node, &a),
-            Found::Ext(a) => allocator_ext
-                .as_ref()
-                .expect("found by this allocator")
-                .results(&self.state.nodes[&node].node, &a),
-        };
-        let mut allocations = match built {
-            Ok(results) => results.into_iter(),
-            Err(e) => {
-                return Decision::Error {
-                    pod: pod_key.clone(),
-                    message: attempt_error(&e),
-                };
-            }
-        };
-        let mut claims: Vec<ClaimDecision> = Vec::new();
-        for key in &claim_keys {
-            if let Some((_, claim)) = allocated.iter().find(|(k, _)| k == key) {
-                claims.push(ClaimDecision {
-                    key: key.clone(),
-                    claim: claim.clone(),
-                    allocation: None,
-                    create: false,
-                    extended_mappings: Vec::new(),
-                });
-            } else if !claims.iter().any(|c| &c.key == key) {
-                let claim = self.state.claims[key].clone();
-                claims.push(ClaimDecision {
-                    key: key.clone(),
-                    claim,
-                    allocation: allocations.next(),
-                    create: false,
-                    extended_mappings: Vec::new(),
-                });
-            }
-        }
-        if ext_claim {
-            let info = &self.state.nodes[&node];
-            let ext_here: Vec<&extended::ExtendedRequest> = ext
-                .iter()
-                .filter(|e| !info.allocatable.0.contains_key(&e.resource))
-                .collect();
-            let (claim, extended_mappings) = extended::claim_for(&pod, &ext_here);
-            let key = ObjectKey::of(&claim.metadata);
-            claims.push(ClaimDecision {
-                key,
-                claim,
-                allocation: allocations.next(),
-                create: true,
-                extended_mappings,
-            });
-        }
-        Decision::Scheduled(Placement {
-            pod: pod_key.clone(),
-            pod_uid,
-            node,
-            claims,
-            allocation_time: took,
-        })
-    }
-
-    fn feasible_nodes_to_find(&self, total: usize) -> usize {
+    pub(crate) fn feasible_nodes_to_find(&self, total: usize) -> usize {
         if total < 100 {
             return total.max(1);
         }
@@ -873,12 +346,6 @@ impl Engine {
     /// Take a scheduled decision: claims get their allocation and the pod in `reservedFor`,
     /// the pod is bound to the node, and every later cycle sees it.
     pub fn assume(&mut self, placement: &Placement) {
-        let pod_ref = ResourceClaimConsumerReference {
-            resource: "pods".into(),
-            name: placement.pod.name.clone(),
-            uid: placement.pod_uid.clone().unwrap_or_default(),
-            api_group: None,
-        };
         for decision in &placement.claims {
             let claim = self
                 .state
@@ -897,11 +364,7 @@ impl Engine {
                     self.snapshot = None;
                 }
             }
-            let reserved = status.reserved_for.get_or_insert_with(Vec::new);
-            let uid = placement.pod_uid.as_deref();
-            if !reserved.iter().any(|r| is_pod(r, &pod_ref.name, uid)) {
-                reserved.push(pod_ref.clone());
-            }
+            claims::reserve(status, &placement.pod.name, placement.pod_uid.as_deref());
         }
         if let Some(mut pod) = self.state.pods.get(&placement.pod).cloned()
             && (placement.pod_uid.is_none() || pod.metadata.uid == placement.pod_uid)
@@ -928,17 +391,14 @@ impl Engine {
             let status = claim
                 .status
                 .get_or_insert_with(ResourceClaimStatus::default);
-            if let Some(reserved) = status.reserved_for.as_mut() {
-                let uid = placement.pod_uid.as_deref();
-                reserved.retain(|r| !is_pod(r, &placement.pod.name, uid));
-            }
+            claims::unreserve(status, &placement.pod.name, placement.pod_uid.as_deref());
             // Give back only what is still ours: the claim may hold someone else's
             // allocation by now, which stays.
             if let Some(allocation) = &decision.allocation
                 && status
                     .allocation
                     .as_ref()
-                    .is_some_and(|a| same_devices(a, allocation))
+                    .is_some_and(|a| claims::same_devices(a, allocation))
             {
                 status.allocation = None;
                 let allocation = allocation.clone();
@@ -970,140 +430,6 @@ impl Engine {
             self.snapshot = None;
         }
     }
-}
-
-/// The best of the feasible nodes: by weighted sum when weights are set, then by the
-/// criteria in order; among equals, the first node by name.
-fn pick(feasible: &[(&Score, &String)], weights: Option<&ScoreWeights>) -> Option<String> {
-    let criteria = |s: &Score| {
-        [
-            i64::from(s.prioritized),
-            s.numa_kept,
-            s.packing,
-            s.least_allocated,
-        ]
-    };
-    let totals: Vec<i64> = match weights {
-        None => vec![0; feasible.len()],
-        Some(w) => {
-            let w = [
-                w.prioritized_list,
-                w.numa_alignment,
-                w.device_packing,
-                w.least_allocated,
-            ];
-            let mut totals = vec![0i64; feasible.len()];
-            for (c, weight) in w.iter().enumerate() {
-                let values: Vec<i64> = feasible.iter().map(|(s, _)| criteria(s)[c]).collect();
-                let (Some(&lo), Some(&hi)) = (values.iter().min(), values.iter().max()) else {
-                    continue;
-                };
-                for (total, v) in totals.iter_mut().zip(&values) {
-                    let normalised = if hi == lo {
-                        100
-                    } else {
-                        (v - lo) * 100 / (hi - lo)
-                    };
-                    *total += i64::from(*weight) * normalised;
-                }
-            }
-            totals
-        }
-    };
-    feasible
-        .iter()
-        .zip(totals)
-        .max_by(|((sa, na), ta), ((sb, nb), tb)| ta.cmp(tb).then(sa.cmp(sb)).then(nb.cmp(na)))
-        .map(|((_, n), _)| (*n).clone())
-}
-
-fn score(
-    info: &NodeInfo,
-    requests: &crate::resources::ResourceList,
-    quality: Option<&dra_allocator::Quality>,
-) -> Score {
-    let free_share = |name: &str| -> i64 {
-        let alloc = info.allocatable.get(name).nanos();
-        if alloc <= 0 {
-            return 0;
-        }
-        let used = info.used.get(name).nanos() + requests.get(name).nanos();
-        (((alloc - used).max(0) * 1000) / alloc) as i64
-    };
-    Score {
-        prioritized: quality.map(|q| q.prioritized_score).unwrap_or(0),
-        numa_kept: -(quality.map(|q| q.numa_domains_broken).unwrap_or(0) as i64),
-        packing: -(quality.map(|q| q.free_devices_after).unwrap_or(0) as i64),
-        least_allocated: (free_share("cpu") + free_share("memory")) / 2,
-    }
-}
-
-/// The allocator's explanation without the node name, so equal reasons group.
-fn describe_unfit(explanation: &dra_allocator::Explanation) -> String {
-    let mut parts: Vec<String> = explanation.requests.iter().map(|r| r.to_string()).collect();
-    parts.extend(explanation.notes.iter().cloned());
-    if !explanation.incomplete_pools.is_empty() {
-        parts.push(format!(
-            "pools being updated: {}",
-            explanation.incomplete_pools.join(", ")
-        ));
-    }
-    if !explanation.invalid_pools.is_empty() {
-        parts.push(format!(
-            "invalid pools: {}",
-            explanation.invalid_pools.join(", ")
-        ));
-    }
-    if parts.is_empty() {
-        "cannot allocate all claims".into()
-    } else {
-        parts.join("; ")
-    }
-}
-
-fn attempt_error(e: &AllocError) -> String {
-    e.to_string()
-}
-
-/// "0/8 nodes are available: 3 nodes: Insufficient cpu; 5 nodes: claim ...".
-fn group_reasons(total: usize, results: &[NodeResult]) -> String {
-    let mut groups: BTreeMap<&str, usize> = BTreeMap::new();
-    for r in results {
-        if let NodeResult::Unfit(reason) = r {
-            *groups.entry(reason.as_str()).or_default() += 1;
-        }
-    }
-    if total == 0 {
-        return "0/0 nodes are available: no nodes in the cluster".into();
-    }
-    let mut groups: Vec<(&str, usize)> = groups.into_iter().collect();
-    groups.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    let body = groups
-        .iter()
-        .map(|(reason, n)| format!("{n} node{}: {reason}", if *n == 1 { "" } else { "s" }))
-        .collect::<Vec<_>>()
-        .join("; ");
-    format!("0/{total} nodes are available: {body}")
-}
-
-/// Whether a `reservedFor` entry is this pod: by UID where the pod has one (a pod deleted
-/// and created again under the same name is another consumer), else by name.
-fn is_pod(entry: &ResourceClaimConsumerReference, name: &str, uid: Option<&str>) -> bool {
-    entry.resource == "pods"
-        && entry.api_group.as_deref().unwrap_or_default().is_empty()
-        && match uid {
-            Some(uid) if !uid.is_empty() => entry.uid == uid,
-            _ => entry.name == name,
-        }
-}
-
-/// Whether two allocations hold the same devices where (the timestamp aside).
-fn same_devices(a: &AllocationResult, b: &AllocationResult) -> bool {
-    a.devices == b.devices && a.node_selector == b.node_selector
-}
-
-fn allocation_of(claim: Option<&ResourceClaim>) -> Option<AllocationResult> {
-    claim?.status.as_ref()?.allocation.clone()
 }
 
 /// Updates from an informer. Pod changes leave the allocator's view alone; claim changes
@@ -1206,4 +532,8 @@ impl Engine {
         }
         self.assume(&missing);
     }
+}
+
+fn allocation_of(claim: Option<&ResourceClaim>) -> Option<AllocationResult> {
+    claims::allocation(claim?).cloned()
 }

@@ -4,9 +4,11 @@
 //! Brief overview:
 //! - [`ClusterState`] holds nodes (with what their bound pods use), pods, claims and the DRA
 //!   objects; one writer applies updates (the daemon's informers or `simulate`).
-//! - [`Engine::schedule`] runs one pod's scheduling cycle: it resolves the pod's claims,
-//!   runs the core node filters, asks the allocator (`dra-allocator`) for devices on each
-//!   candidate node, scores the feasible nodes and picks one. It returns a [`Decision`].
+//! - [`Engine::schedule`] runs one pod's scheduling cycle over the profile's plugins
+//!   ([`framework`], [`plugins`]), shaped as kube-scheduler's framework: PreFilter,
+//!   Filter per node (DynamicResources asks the allocator, `dra-allocator`, for devices),
+//!   PreScore and Score on the feasible nodes, the best node, Reserve. It returns a
+//!   [`Decision`]; [`Engine::evaluate`] returns every node's verdict and score instead.
 //! - [`Engine::assume`] records a decision so the next pod sees it before any API write
 //!   lands; [`Engine::forget`] takes it back when a write fails.
 //!
@@ -28,13 +30,18 @@
 //! ```
 
 mod changes;
+pub mod claims;
+mod cycle;
 pub mod engine;
 pub mod extended;
-pub mod filters;
+pub mod framework;
+pub mod plugins;
 pub mod resources;
 pub mod state;
 
+pub use cycle::Evaluation;
 pub use engine::{
-    ClaimDecision, DEFAULT_FILTER_TIMEOUT, Decision, Engine, EngineConfig, Placement, ScoreWeights,
+    ClaimDecision, DEFAULT_FILTER_TIMEOUT, Decision, Engine, EngineConfig, Placement,
 };
+pub use framework::Profile;
 pub use state::{ClusterInput, ClusterState, NodeInfo, ObjectKey};

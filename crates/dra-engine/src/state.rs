@@ -5,13 +5,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{
-    Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod,
-};
-use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
 
-use crate::filters::{HostPort, host_ports};
+use crate::plugins::node_ports::{HostPort, host_ports};
 use crate::resources::{ResourceList, pod_requests};
 
 /// Everything the engine is built from, as read from the API server or from manifests.

@@ -1,7 +1,7 @@
 //! The scheduling cycle on small clusters built in code: queue order, assume/forget,
 //! device packing, already-allocated claims and the grouped message.
 
-use dra_engine::{ClusterInput, Decision, Engine, EngineConfig, ObjectKey, ScoreWeights};
+use dra_engine::{ClusterInput, Decision, Engine, EngineConfig, ObjectKey, Profile};
 use serde_json::{Value, json};
 
 fn node(name: &str, cpu: &str) -> k8s_openapi::api::core::v1::Node {
@@ -130,8 +130,8 @@ fn assumed_devices_are_taken_until_forgotten() {
     assert_eq!(
         c.message(),
         Some(
-            "0/1 nodes are available: 1 node: claim default/c request gpu (needs 1): \
-             2 in class gpu, 2 match the selectors, 2 in use, 0 available"
+            "0/1 nodes are available: 1 claim default/c request gpu (needs 1): \
+             2 in class gpu, 2 match the selectors, 2 in use, 0 available."
         )
     );
     // a's write failed: its GPU is free again and its pod is pending again.
@@ -182,9 +182,9 @@ fn a_partly_used_node_is_preferred_so_whole_nodes_stay_free() {
 
 #[test]
 fn weights_can_spread_pods_instead_of_packing_them() {
-    let place_both = |weights: Option<ScoreWeights>| {
+    let place_both = |profile: Profile| {
         let config = EngineConfig {
-            weights,
+            profile,
             ..Default::default()
         };
         let mut e = Engine::new(config, two_nodes_two_pods());
@@ -197,22 +197,18 @@ fn weights_can_spread_pods_instead_of_packing_them() {
             e.schedule(&key("second")).node().unwrap().to_string(),
         )
     };
-    let spread = place_both(Some(ScoreWeights {
-        least_allocated: 1,
-        ..Default::default()
-    }));
-    assert_eq!(spread, ("n1".into(), "n2".into()), "the emptier node wins");
-    let packed = place_both(Some(ScoreWeights {
-        device_packing: 5,
-        least_allocated: 1,
-        ..Default::default()
-    }));
+    let mut spreading = Profile::default();
+    spreading.disable("DevicePacking");
     assert_eq!(
-        packed,
-        ("n1".into(), "n1".into()),
-        "packing outweighs spreading"
+        place_both(spreading),
+        ("n1".into(), "n2".into()),
+        "without packing, the emptier node wins (NodeResourcesFit, LeastAllocated)"
     );
-    assert_eq!(place_both(None), packed, "the default order packs too");
+    assert_eq!(
+        place_both(Profile::default()),
+        ("n1".into(), "n1".into()),
+        "packing outweighs spreading in the default profile"
+    );
 }
 
 #[test]
@@ -232,8 +228,8 @@ fn reasons_are_grouped_across_nodes() {
     assert_eq!(
         e.schedule(&key("p")).message(),
         Some(
-            "0/3 nodes are available: 2 nodes: Insufficient cpu; 1 node: claim default/c request gpu \
-             (needs 1): 0 in class gpu, 0 match the selectors, 0 available"
+            "0/3 nodes are available: 1 claim default/c request gpu (needs 1): 0 in class gpu, \
+             0 match the selectors, 0 available, 2 Insufficient cpu."
         )
     );
 }
@@ -283,7 +279,12 @@ fn a_missing_claim_keeps_the_pod_waiting() {
     });
     assert_eq!(
         e.schedule(&key("p")).message(),
-        Some("ResourceClaim default/not-there not found")
+        Some("0/1 nodes are available: ResourceClaim default/not-there not found.")
+    );
+    assert_eq!(
+        e.claims_missing(&key("p")).as_deref(),
+        Some("ResourceClaim default/not-there not found"),
+        "PreEnqueue keeps it waiting"
     );
 }
 

@@ -1,0 +1,199 @@
+//! One home for ResourceClaim bookkeeping: which claims a pod uses, whether a claim is
+//! reserved for a pod (by UID, as upstream's `IsReservedForPod`), reserving and
+//! unreserving, and whether two allocations hold the same devices. The engine's assume and
+//! forget and the daemon's binder both use these.
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus,
+};
+
+use crate::state::{ClusterState, ObjectKey, bound_node};
+
+/// The most consumers a claim's `status.reservedFor` may list.
+pub const MAX_RESERVED_FOR: usize = 256;
+
+/// Why a pod's claims cannot be used yet.
+#[derive(Debug)]
+pub struct ClaimsNotReady {
+    pub message: String,
+    /// A claim does not exist (yet), as opposed to existing in an unusable state.
+    pub missing: bool,
+}
+
+/// The `reservedFor` entry of a pod.
+pub fn consumer(pod_name: &str, pod_uid: Option<&str>) -> ResourceClaimConsumerReference {
+    ResourceClaimConsumerReference {
+        resource: "pods".into(),
+        name: pod_name.to_string(),
+        uid: pod_uid.unwrap_or_default().to_string(),
+        api_group: None,
+    }
+}
+
+/// Whether a `reservedFor` entry is this pod: by UID where the pod has one (a pod deleted
+/// and created again under the same name is another consumer), else by name.
+pub fn is_pod(entry: &ResourceClaimConsumerReference, name: &str, uid: Option<&str>) -> bool {
+    entry.resource == "pods"
+        && entry.api_group.as_deref().unwrap_or_default().is_empty()
+        && match uid {
+            Some(uid) if !uid.is_empty() => entry.uid == uid,
+            _ => entry.name == name,
+        }
+}
+
+/// Whether the claim is reserved for the pod.
+pub fn is_reserved_for(claim: &ResourceClaim, name: &str, uid: Option<&str>) -> bool {
+    reserved_for(claim).iter().any(|r| is_pod(r, name, uid))
+}
+
+pub fn reserved_for(claim: &ResourceClaim) -> &[ResourceClaimConsumerReference] {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_deref())
+        .unwrap_or_default()
+}
+
+pub fn allocation(claim: &ResourceClaim) -> Option<&AllocationResult> {
+    claim.status.as_ref()?.allocation.as_ref()
+}
+
+/// Add the pod to `reservedFor` (once). Returns whether it was added.
+pub fn reserve(status: &mut ResourceClaimStatus, name: &str, uid: Option<&str>) -> bool {
+    let reserved = status.reserved_for.get_or_insert_with(Vec::new);
+    if reserved.iter().any(|r| is_pod(r, name, uid)) {
+        return false;
+    }
+    reserved.push(consumer(name, uid));
+    true
+}
+
+/// Take the pod out of `reservedFor`. Returns whether it was there.
+pub fn unreserve(status: &mut ResourceClaimStatus, name: &str, uid: Option<&str>) -> bool {
+    let Some(reserved) = status.reserved_for.as_mut() else {
+        return false;
+    };
+    let before = reserved.len();
+    reserved.retain(|r| !is_pod(r, name, uid));
+    reserved.len() != before
+}
+
+/// Whether two allocations hold the same devices where (the timestamp aside).
+pub fn same_devices(a: &AllocationResult, b: &AllocationResult) -> bool {
+    a.devices == b.devices && a.node_selector == b.node_selector
+}
+
+/// Whether the pod may be added to the claim's `reservedFor`: it is there already, or
+/// there is room.
+pub fn may_reserve(claim: &ResourceClaim, pod: &Pod) -> Result<(), String> {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let uid = pod.metadata.uid.as_deref();
+    if reserved_for(claim).len() >= MAX_RESERVED_FOR && !is_reserved_for(claim, name, uid) {
+        return Err(format!(
+            "is reserved for the maximum of {MAX_RESERVED_FOR} consumers"
+        ));
+    }
+    Ok(())
+}
+
+/// The claims a pod references, in pod order, or why one is not usable yet.
+pub fn of_pod(pod: &Pod, state: &ClusterState) -> Result<Vec<ObjectKey>, ClaimsNotReady> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let mut keys = Vec::new();
+    let pod_claims = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref());
+    for pc in pod_claims.into_iter().flatten() {
+        let Some(name) = claim_name(pod, pc)? else {
+            // The controller decided the pod needs no claim here.
+            continue;
+        };
+        let key = ObjectKey::new(ns, name);
+        let Some(claim) = state.claims.get(&key) else {
+            return Err(ClaimsNotReady {
+                message: format!("ResourceClaim {key} not found"),
+                missing: true,
+            });
+        };
+        check_usable(pod, pc, &key, claim)?;
+        keys.push(key);
+    }
+    Ok(keys)
+}
+
+/// The name of the claim a pod claim stands for; `None` when its template made none.
+fn claim_name(
+    pod: &Pod,
+    pc: &k8s_openapi::api::core::v1::PodResourceClaim,
+) -> Result<Option<String>, ClaimsNotReady> {
+    if let Some(name) = pc.resource_claim_name.as_deref() {
+        return Ok(Some(name.to_string()));
+    }
+    let Some(template) = pc.resource_claim_template_name.as_deref() else {
+        return Err(ClaimsNotReady {
+            message: format!("pod claim {} names neither a claim nor a template", pc.name),
+            missing: false,
+        });
+    };
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_ref());
+    match statuses.and_then(|s| s.iter().find(|s| s.name == pc.name)) {
+        Some(s) => Ok(s.resource_claim_name.clone()),
+        None => Err(ClaimsNotReady {
+            message: format!(
+                "waiting for the ResourceClaim of pod claim {} to be created from ResourceClaimTemplate {template}",
+                pc.name
+            ),
+            missing: true,
+        }),
+    }
+}
+
+/// A claim being deleted, or one made from a template for another pod, cannot be used.
+fn check_usable(
+    pod: &Pod,
+    pc: &k8s_openapi::api::core::v1::PodResourceClaim,
+    key: &ObjectKey,
+    claim: &ResourceClaim,
+) -> Result<(), ClaimsNotReady> {
+    let unusable = |message: String| ClaimsNotReady {
+        message,
+        missing: false,
+    };
+    if claim.metadata.deletion_timestamp.is_some() {
+        return Err(unusable(format!("ResourceClaim {key} is being deleted")));
+    }
+    if let (Some(template), Some(owner)) = (
+        pc.resource_claim_template_name.as_deref(),
+        pod.metadata.name.as_deref(),
+    ) {
+        let owned = claim.metadata.owner_references.iter().flatten().any(|o| {
+            o.kind == "Pod"
+                && o.name == owner
+                && (pod.metadata.uid.is_none() || pod.metadata.uid.as_deref() == Some(&o.uid))
+        });
+        if !owned {
+            return Err(unusable(format!(
+                "ResourceClaim {key} was not created for this pod from template {template}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A claim of this unbound pod that is allocated but reserved for nobody else, which
+/// could be given back so the pod can be placed elsewhere (DynamicResources' PostFilter;
+/// also what a restarted scheduler finds for a pod it never bound).
+pub fn to_release(pod: &Pod, state: &ClusterState) -> Option<ObjectKey> {
+    if bound_node(pod).is_some() {
+        return None;
+    }
+    let uid = pod.metadata.uid.as_deref()?;
+    of_pod(pod, state).ok()?.into_iter().find(|key| {
+        let claim = &state.claims[key];
+        let reserved = reserved_for(claim);
+        allocation(claim).is_some()
+            && (reserved.is_empty() || (reserved.len() == 1 && reserved[0].uid == uid))
+    })
+}

@@ -1,0 +1,249 @@
+//! Running a profile's plugins over one attempt, as kube-scheduler's framework runtime and
+//! its `schedulePod` do.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use rayon::prelude::*;
+
+use super::{Code, Cycle, MAX_NODE_SCORE, Plugin, PluginCycle, Point, PostFilterAction, Status};
+use super::{PluginEntry, Profile};
+use crate::engine::Placement;
+use crate::plugins;
+use crate::state::{ClusterState, NodeInfo};
+
+/// A profile's plugins, built once.
+pub struct Framework {
+    plugins: Vec<(Arc<dyn Plugin>, PluginEntry)>,
+}
+
+/// One plugin in one attempt.
+struct Slot<'a> {
+    entry: &'a PluginEntry,
+    cycle: Box<dyn PluginCycle + 'a>,
+    /// PreFilter said Skip: its Filter is not run.
+    skip_filter: bool,
+    /// PreScore said Skip: its Score is not run.
+    skip_score: bool,
+}
+
+/// How one node fared in Filter.
+pub struct NodeOutcome<'a> {
+    pub node: &'a NodeInfo,
+    pub status: Status,
+}
+
+/// The scores of the feasible nodes: total and per plugin (weighted), in node order.
+#[derive(Clone, Debug, Default)]
+pub struct Scores {
+    pub totals: Vec<i64>,
+    pub per_plugin: BTreeMap<String, Vec<i64>>,
+}
+
+/// One scheduling attempt in progress.
+pub struct Attempt<'a> {
+    slots: Vec<Slot<'a>>,
+}
+
+impl Framework {
+    /// Build the profile's plugins. Fails when the profile names a plugin that does not
+    /// exist here, with its name.
+    pub fn new(profile: &Profile) -> Result<Framework, String> {
+        let plugins = profile
+            .plugins
+            .iter()
+            .map(|entry| {
+                plugins::build(&entry.name, &profile.args)
+                    .map(|p| (p, entry.clone()))
+                    .ok_or_else(|| format!("unknown plugin {:?}", entry.name))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Framework { plugins })
+    }
+
+    fn at(&self, point: Point) -> impl Iterator<Item = &Arc<dyn Plugin>> {
+        self.plugins
+            .iter()
+            .filter(move |(_, e)| e.points.contains(&point))
+            .map(|(p, _)| p)
+    }
+
+    /// PreEnqueue: the first plugin that keeps the pod waiting, with why.
+    pub fn pre_enqueue(&self, pod: &Pod, state: &ClusterState) -> Status {
+        for plugin in self.at(Point::PreEnqueue) {
+            let status = plugin.pre_enqueue(pod, state);
+            if !status.is_success() {
+                return status.with_plugin(plugin.name());
+            }
+        }
+        Status::success()
+    }
+
+    /// QueueSort: whether `a` goes before `b` (the first QueueSort plugin decides).
+    pub fn less(&self, a: &Pod, b: &Pod) -> bool {
+        self.at(Point::QueueSort)
+            .next()
+            .is_some_and(|plugin| plugin.less(a, b))
+    }
+
+    /// PostFilter: what the first plugin that can help asks for.
+    pub fn post_filter(&self, pod: &Pod, state: &ClusterState) -> Option<PostFilterAction> {
+        self.at(Point::PostFilter)
+            .find_map(|plugin| plugin.post_filter(pod, state))
+    }
+
+    /// Start an attempt: every plugin makes its part of the cycle state.
+    pub fn start<'a>(&'a self, cycle: &'a Cycle<'a>) -> Attempt<'a> {
+        let slots = self
+            .plugins
+            .iter()
+            .map(|(plugin, entry)| Slot {
+                entry,
+                cycle: plugin.cycle(cycle),
+                skip_filter: !entry.points.contains(&Point::Filter),
+                skip_score: !entry.points.contains(&Point::Score),
+            })
+            .collect();
+        Attempt { slots }
+    }
+}
+
+impl<'a> Attempt<'a> {
+    /// PreFilter, in profile order; the first rejection or error ends the attempt.
+    pub fn pre_filter(&mut self) -> Result<(), Status> {
+        for slot in &mut self.slots {
+            let runs = slot.entry.points.contains(&Point::PreFilter)
+                || slot.entry.points.contains(&Point::Filter);
+            if !runs {
+                continue;
+            }
+            let status = slot.cycle.pre_filter();
+            match status.code {
+                Code::Success => {}
+                Code::Skip => slot.skip_filter = true,
+                _ => return Err(status.with_plugin(plugin_name(slot))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Filter one node: the plugins in order, up to the first that says no.
+    pub fn filter(&self, node: &NodeInfo) -> Status {
+        for slot in self.slots.iter().filter(|s| !s.skip_filter) {
+            let status = slot.cycle.filter(node);
+            if !status.is_success() {
+                return status.with_plugin(plugin_name(slot));
+            }
+        }
+        Status::success()
+    }
+
+    /// Filter nodes in parallel, a chunk at a time, until `wanted` are feasible or a
+    /// plugin stops the attempt (an error, or the device search out of time). Returns
+    /// the nodes examined, in order.
+    pub fn filter_nodes(&self, nodes: &[&'a NodeInfo], wanted: usize) -> Vec<NodeOutcome<'a>> {
+        let mut outcomes: Vec<NodeOutcome<'a>> = Vec::with_capacity(nodes.len());
+        let mut feasible = 0;
+        let chunk = 64.max(wanted.min(nodes.len()));
+        for part in nodes.chunks(chunk) {
+            let results: Vec<NodeOutcome<'a>> = part
+                .par_iter()
+                .map(|node| NodeOutcome {
+                    node,
+                    status: self.filter(node),
+                })
+                .collect();
+            let stop = results
+                .iter()
+                .any(|o| matches!(o.status.code, Code::Error | Code::Stopped { .. }));
+            feasible += results.iter().filter(|o| o.status.is_success()).count();
+            outcomes.extend(results);
+            if stop || feasible >= wanted {
+                break;
+            }
+        }
+        outcomes
+    }
+
+    /// PreScore and Score over the feasible nodes: each plugin's scores normalised to
+    /// 0..=100 and weighted; the totals summed per node.
+    pub fn score(&mut self, feasible: &[&'a NodeInfo]) -> Result<Scores, Status> {
+        let mut scores = Scores {
+            totals: vec![0; feasible.len()],
+            per_plugin: BTreeMap::new(),
+        };
+        if feasible.len() <= 1 {
+            return Ok(scores);
+        }
+        for slot in &mut self.slots {
+            if slot.skip_score {
+                continue;
+            }
+            let status = slot.cycle.pre_score(feasible);
+            match status.code {
+                Code::Success => {}
+                Code::Skip => {
+                    slot.skip_score = true;
+                    continue;
+                }
+                _ => return Err(status.with_plugin(plugin_name(slot))),
+            }
+        }
+        for slot in self.slots.iter().filter(|s| !s.skip_score) {
+            let name = plugin_name(slot);
+            let mut raw = feasible
+                .par_iter()
+                .map(|node| slot.cycle.score(node))
+                .collect::<Result<Vec<i64>, Status>>()
+                .map_err(|s| s.with_plugin(name))?;
+            slot.cycle.normalize_score(&mut raw);
+            if let Some(bad) = raw.iter().find(|s| !(0..=MAX_NODE_SCORE).contains(*s)) {
+                return Err(Status::error(format!(
+                    "plugin {name} gave a score of {bad}, outside 0..={MAX_NODE_SCORE}"
+                )));
+            }
+            let weighted: Vec<i64> = raw.iter().map(|s| s * slot.entry.weight).collect();
+            for (total, s) in scores.totals.iter_mut().zip(&weighted) {
+                *total += s;
+            }
+            scores.per_plugin.insert(slot.entry.name.clone(), weighted);
+        }
+        Ok(scores)
+    }
+
+    /// Reserve: every plugin records its part of the placement on the chosen node.
+    pub fn reserve(&mut self, node: &NodeInfo, placement: &mut Placement) -> Result<(), Status> {
+        for slot in &mut self.slots {
+            let status = slot.cycle.reserve(node, placement);
+            if !status.is_success() {
+                return Err(status.with_plugin(plugin_name(slot)));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn plugin_name(slot: &Slot<'_>) -> &'static str {
+    plugins::static_name(&slot.entry.name)
+}
+
+/// kube-scheduler's "0/N nodes are available: ..." message: each reason with the number of
+/// nodes that gave it, sorted as text.
+pub fn fit_error(total: usize, outcomes: &[NodeOutcome<'_>]) -> String {
+    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+    for outcome in outcomes.iter().filter(|o| o.status.is_rejection()) {
+        for reason in &outcome.status.reasons {
+            *reasons.entry(reason.as_str()).or_default() += 1;
+        }
+    }
+    let mut lines: Vec<String> = reasons
+        .into_iter()
+        .map(|(reason, n)| format!("{n} {reason}"))
+        .collect();
+    lines.sort();
+    if total == 0 {
+        return "0/0 nodes are available: no nodes in the cluster.".into();
+    }
+    format!("0/{total} nodes are available: {}.", lines.join(", "))
+}

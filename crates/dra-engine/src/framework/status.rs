@@ -1,0 +1,91 @@
+//! The result of running a plugin at an extension point, as kube-scheduler's `fwk.Status`.
+
+/// What happened, as kube-scheduler's status codes (plus why a search stopped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Code {
+    Success,
+    /// Something went wrong that is not the pod's fit: the attempt fails and backs off.
+    Error,
+    /// The pod does not fit; preempting pods might help.
+    Unschedulable,
+    /// The pod does not fit and preemption would not change that.
+    UnschedulableAndUnresolvable,
+    /// The plugin has nothing to do for this pod (PreFilter, PreScore).
+    Skip,
+    /// The device search ran out of the attempt's budget (`cancelled`: it was told to stop).
+    Stopped {
+        cancelled: bool,
+    },
+}
+
+/// A code with the reasons, and the plugin that gave it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    pub code: Code,
+    pub reasons: Vec<String>,
+    pub plugin: &'static str,
+}
+
+impl Status {
+    pub fn success() -> Status {
+        Status::new(Code::Success, Vec::new())
+    }
+
+    pub fn skip() -> Status {
+        Status::new(Code::Skip, Vec::new())
+    }
+
+    pub fn new(code: Code, reasons: Vec<String>) -> Status {
+        Status {
+            code,
+            reasons,
+            plugin: "",
+        }
+    }
+
+    pub fn unschedulable(reason: impl Into<String>) -> Status {
+        Status::new(Code::Unschedulable, vec![reason.into()])
+    }
+
+    pub fn unresolvable(reason: impl Into<String>) -> Status {
+        Status::new(Code::UnschedulableAndUnresolvable, vec![reason.into()])
+    }
+
+    pub fn error(message: impl Into<String>) -> Status {
+        Status::new(Code::Error, vec![message.into()])
+    }
+
+    /// From a check that says `Err(reason)` when the pod does not fit.
+    pub fn from_fit(fit: Result<(), String>, unresolvable: bool) -> Status {
+        match fit {
+            Ok(()) => Status::success(),
+            Err(reason) if unresolvable => Status::unresolvable(reason),
+            Err(reason) => Status::unschedulable(reason),
+        }
+    }
+
+    pub fn is_success(&self) -> bool {
+        self.code == Code::Success
+    }
+
+    pub fn is_skip(&self) -> bool {
+        self.code == Code::Skip
+    }
+
+    pub fn is_rejection(&self) -> bool {
+        matches!(
+            self.code,
+            Code::Unschedulable | Code::UnschedulableAndUnresolvable
+        )
+    }
+
+    /// The reasons in one line.
+    pub fn message(&self) -> String {
+        self.reasons.join(", ")
+    }
+
+    pub fn with_plugin(mut self, plugin: &'static str) -> Status {
+        self.plugin = plugin;
+        self
+    }
+}

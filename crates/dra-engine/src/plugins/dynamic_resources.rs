@@ -1,0 +1,360 @@
+//! DynamicResources: a pod's ResourceClaims (and extended resources that a DeviceClass
+//! serves) must get devices on the node.
+//!
+//! - PreEnqueue: a pod whose claims do not exist yet waits without an attempt.
+//! - PreFilter: resolve the pod's claims; build one allocator for all claims to allocate
+//!   (selectors compiled once for all nodes).
+//! - Filter: claims already allocated must be reachable from the node; the rest are
+//!   allocated on it (`dra-allocator`), within the attempt's budget.
+//! - PostFilter: a claim allocated for this pod but reserved for nobody can be given back.
+//! - Score: the prioritized-list score (firstAvailable subrequests chosen), as upstream.
+//! - Reserve: the allocation results for the chosen node go into the placement; the
+//!   binder writes them (PreBind) before the binding.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use dra_allocator::{AllocError, Allocation, Allocator, Outcome, Quality};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
+
+use super::node_affinity::node_selector_terms_match;
+use crate::claims::{self, ClaimsNotReady};
+use crate::engine::{ClaimDecision, Placement};
+use crate::extended::{self, ExtendedRequest};
+use crate::framework::{
+    Code, Cycle, Plugin, PluginCycle, Point, PostFilterAction, Status, default_normalize_score,
+};
+use crate::state::{ClusterState, NodeInfo, ObjectKey};
+
+pub struct DynamicResources;
+
+/// The devices found on a feasible node. `AllocationResult`s (strings, configs, node
+/// selectors) are built only for the node chosen, by the allocator that found them.
+enum Found {
+    /// No claims to allocate.
+    Nothing,
+    /// By the allocator of the pod's claims.
+    Plain(Allocation),
+    /// By the allocator of the pod's claims plus the claim for extended resources.
+    Ext(Allocation),
+    /// Built at once: the allocator of a node that serves only some extended resources by
+    /// DRA (a rare mix) is built for that node and not kept.
+    Built(Vec<AllocationResult>),
+}
+
+struct NodeDevices {
+    found: Found,
+    quality: Option<Quality>,
+    /// The claim for extended resources is part of the answer.
+    ext_claim: bool,
+    took: Duration,
+}
+
+struct DraCycle<'a> {
+    cycle: &'a Cycle<'a>,
+    /// The pod's claims, in pod order, once PreFilter resolved them.
+    keys: Vec<ObjectKey>,
+    allocated: Vec<(ObjectKey, &'a ResourceClaim)>,
+    to_allocate: Vec<(ObjectKey, &'a ResourceClaim)>,
+    /// Extended resources DeviceClasses serve, resolved per node.
+    ext: Vec<ExtendedRequest>,
+    plain: Option<Allocator<'a>>,
+    with_ext: Option<Allocator<'a>>,
+    /// What Filter found per node, for Score and Reserve.
+    nodes: Mutex<HashMap<String, NodeDevices>>,
+}
+
+impl Plugin for DynamicResources {
+    fn name(&self) -> &'static str {
+        "DynamicResources"
+    }
+
+    fn points(&self) -> &'static [Point] {
+        super::points_of("DynamicResources").unwrap_or_default()
+    }
+
+    fn cycle<'a>(&'a self, cycle: &'a Cycle<'a>) -> Box<dyn PluginCycle + 'a> {
+        Box::new(DraCycle {
+            cycle,
+            keys: Vec::new(),
+            allocated: Vec::new(),
+            to_allocate: Vec::new(),
+            ext: Vec::new(),
+            plain: None,
+            with_ext: None,
+            nodes: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn pre_enqueue(&self, pod: &Pod, state: &ClusterState) -> Status {
+        match claims::of_pod(pod, state) {
+            Err(ClaimsNotReady {
+                message,
+                missing: true,
+            }) => Status::unresolvable(message),
+            _ => Status::success(),
+        }
+    }
+
+    fn post_filter(&self, pod: &Pod, state: &ClusterState) -> Option<PostFilterAction> {
+        claims::to_release(pod, state).map(PostFilterAction::ReleaseClaim)
+    }
+}
+
+impl<'a> PluginCycle for DraCycle<'a> {
+    fn pre_filter(&mut self) -> Status {
+        let cx = self.cycle;
+        self.keys = match claims::of_pod(cx.pod, cx.state) {
+            Ok(keys) => keys,
+            Err(e) => return Status::unresolvable(e.message),
+        };
+        self.ext = extended::requests_served_by_dra(cx.requests, &cx.state.classes);
+        if self.keys.is_empty() && self.ext.is_empty() {
+            return Status::skip();
+        }
+        for key in &self.keys {
+            let claim = &cx.state.claims[key];
+            if let Err(reason) = claims::may_reserve(claim, cx.pod) {
+                return Status::unresolvable(format!("ResourceClaim {key} {reason}"));
+            }
+            if claims::allocation(claim).is_some() {
+                self.allocated.push((key.clone(), claim));
+            } else if !self.to_allocate.iter().any(|(k, _)| k == key) {
+                self.to_allocate.push((key.clone(), claim));
+            }
+        }
+        // Claims are checked and their selectors compiled once for all nodes.
+        let plain: Vec<&ResourceClaim> = self.to_allocate.iter().map(|(_, c)| *c).collect();
+        if !plain.is_empty() {
+            match Allocator::new(cx.snapshot, &plain) {
+                Ok(a) => self.plain = Some(a),
+                Err(e) => return Status::error(e.to_string()),
+            }
+        }
+        if !self.ext.is_empty() {
+            let (claim, _) = extended::claim_for(cx.pod, &self.ext.iter().collect::<Vec<_>>());
+            let mut all = plain;
+            all.push(&claim);
+            match Allocator::new(cx.snapshot, &all) {
+                Ok(a) => self.with_ext = Some(a),
+                Err(e) => return Status::error(e.to_string()),
+            }
+        }
+        Status::success()
+    }
+
+    fn filter(&self, node: &NodeInfo) -> Status {
+        for (key, claim) in &self.allocated {
+            if let Some(selector) = claims::allocation(claim).and_then(|a| a.node_selector.as_ref())
+                && !node_selector_terms_match(&selector.node_selector_terms, &node.node)
+            {
+                return Status::unresolvable(format!(
+                    "ResourceClaim {key} is allocated to devices not reachable from the node"
+                ));
+            }
+        }
+        match self.allocate(node) {
+            Ok(devices) => {
+                if let Some(q) = &devices.quality {
+                    self.cycle.shared.record_quality(node.name(), q.clone());
+                }
+                self.nodes
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(node.name().to_string(), devices);
+                Status::success()
+            }
+            Err(status) => status,
+        }
+    }
+
+    fn pre_score(&mut self, _feasible: &[&NodeInfo]) -> Status {
+        if self.plain.is_none() && self.with_ext.is_none() {
+            Status::skip()
+        } else {
+            Status::success()
+        }
+    }
+
+    fn score(&self, node: &NodeInfo) -> Result<i64, Status> {
+        let nodes = self.nodes.lock().expect("not poisoned");
+        Ok(nodes
+            .get(node.name())
+            .and_then(|d| d.quality.as_ref())
+            .map(|q| i64::from(q.prioritized_score))
+            .unwrap_or(0))
+    }
+
+    fn normalize_score(&self, scores: &mut [i64]) {
+        default_normalize_score(scores, false);
+    }
+
+    fn reserve(&mut self, node: &NodeInfo, placement: &mut Placement) -> Status {
+        let Some(devices) = self
+            .nodes
+            .get_mut()
+            .expect("not poisoned")
+            .remove(node.name())
+        else {
+            return Status::success();
+        };
+        let built = match devices.found {
+            Found::Nothing => Ok(Vec::new()),
+            Found::Built(results) => Ok(results),
+            Found::Plain(a) => results(self.plain.as_ref(), node, &a),
+            Found::Ext(a) => results(self.with_ext.as_ref(), node, &a),
+        };
+        let mut allocations = match built {
+            Ok(results) => results.into_iter(),
+            Err(e) => return Status::error(e.to_string()),
+        };
+        placement.allocation_time = devices.took;
+        for key in &self.keys {
+            if placement.claims.iter().any(|c| &c.key == key) {
+                continue;
+            }
+            let allocated = self.allocated.iter().any(|(k, _)| k == key);
+            placement.claims.push(ClaimDecision {
+                key: key.clone(),
+                claim: self.cycle.state.claims[key].clone(),
+                allocation: if allocated { None } else { allocations.next() },
+                create: false,
+                extended_mappings: Vec::new(),
+            });
+        }
+        if devices.ext_claim {
+            let (claim, extended_mappings) =
+                extended::claim_for(self.cycle.pod, &self.ext_here(node));
+            placement.claims.push(ClaimDecision {
+                key: ObjectKey::of(&claim.metadata),
+                claim,
+                allocation: allocations.next(),
+                create: true,
+                extended_mappings,
+            });
+        }
+        Status::success()
+    }
+}
+
+fn results(
+    allocator: Option<&Allocator<'_>>,
+    node: &NodeInfo,
+    found: &Allocation,
+) -> Result<Vec<AllocationResult>, AllocError> {
+    allocator
+        .expect("found by this allocator")
+        .results(&node.node, found)
+}
+
+impl DraCycle<'_> {
+    /// Extended resources the node has no device-plugin capacity for: DRA serves them.
+    fn ext_here(&self, node: &NodeInfo) -> Vec<&ExtendedRequest> {
+        self.ext
+            .iter()
+            .filter(|e| !node.allocatable.0.contains_key(&e.resource))
+            .collect()
+    }
+
+    /// Allocate the pod's claims on the node, or say why not.
+    fn allocate(&self, node: &NodeInfo) -> Result<NodeDevices, Status> {
+        let ext_here = self.ext_here(node);
+        let own;
+        // How a compact answer is kept for later; `None`: results are built at once.
+        type Keep = Option<fn(Allocation) -> Found>;
+        let (allocator, keep): (_, Keep) = if ext_here.is_empty() {
+            (self.plain.as_ref(), Some(Found::Plain))
+        } else if ext_here.len() == self.ext.len() {
+            (self.with_ext.as_ref(), Some(Found::Ext))
+        } else {
+            // Some extended resources by device plugin, others by DRA: a rare mix.
+            let (claim, _) = extended::claim_for(self.cycle.pod, &ext_here);
+            let mut claims: Vec<&ResourceClaim> =
+                self.to_allocate.iter().map(|(_, c)| *c).collect();
+            claims.push(&claim);
+            own = Allocator::new(self.cycle.snapshot, &claims)
+                .map_err(|e| Status::error(e.to_string()))?;
+            (Some(&own), None)
+        };
+        let ext_claim = !ext_here.is_empty();
+        let Some(allocator) = allocator else {
+            return Ok(NodeDevices {
+                found: Found::Nothing,
+                quality: None,
+                ext_claim,
+                took: Duration::ZERO,
+            });
+        };
+        let started = Instant::now();
+        let answer = allocator.allocate_with(&node.node, self.cycle.limits);
+        let took = started.elapsed();
+        match answer {
+            Ok((outcome, stats)) => {
+                self.cycle
+                    .shared
+                    .search_steps
+                    .fetch_add(stats.steps, Ordering::Relaxed);
+                match outcome {
+                    Outcome::Allocated(a) => {
+                        let quality = Some(a.quality.clone());
+                        let found = match keep {
+                            Some(keep) => keep(a),
+                            None => Found::Built(
+                                allocator
+                                    .results(&node.node, &a)
+                                    .map_err(|e| Status::error(e.to_string()))?,
+                            ),
+                        };
+                        Ok(NodeDevices {
+                            found,
+                            quality,
+                            ext_claim,
+                            took,
+                        })
+                    }
+                    Outcome::Unfit(explanation) => {
+                        Err(Status::unschedulable(describe_unfit(&explanation)))
+                    }
+                }
+            }
+            Err(AllocError::Aborted { steps, claim, .. }) => {
+                self.cycle
+                    .shared
+                    .search_steps
+                    .fetch_add(steps, Ordering::Relaxed);
+                let cancelled = self.cycle.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
+                Err(Status::new(
+                    Code::Stopped { cancelled },
+                    claim.into_iter().collect(),
+                ))
+            }
+            Err(e) => Err(Status::error(e.to_string())),
+        }
+    }
+}
+
+/// The allocator's explanation without the node name, so equal reasons group.
+fn describe_unfit(explanation: &dra_allocator::Explanation) -> String {
+    let mut parts: Vec<String> = explanation.requests.iter().map(|r| r.to_string()).collect();
+    parts.extend(explanation.notes.iter().cloned());
+    if !explanation.incomplete_pools.is_empty() {
+        parts.push(format!(
+            "pools being updated: {}",
+            explanation.incomplete_pools.join(", ")
+        ));
+    }
+    if !explanation.invalid_pools.is_empty() {
+        parts.push(format!(
+            "invalid pools: {}",
+            explanation.invalid_pools.join(", ")
+        ));
+    }
+    if parts.is_empty() {
+        "cannot allocate all claims".into()
+    } else {
+        parts.join("; ")
+    }
+}

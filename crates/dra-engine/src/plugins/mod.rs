@@ -1,0 +1,173 @@
+//! The scheduler plugins, one module each, named as kube-scheduler names them
+//! (`pkg/scheduler/framework/plugins`).
+//!
+//! | plugin | extension points | state here |
+//! |---|---|---|
+//! | SchedulingGates | PreEnqueue | as upstream |
+//! | PrioritySort | QueueSort | as upstream |
+//! | NodeName | Filter | as upstream |
+//! | NodeUnschedulable | Filter | as upstream |
+//! | TaintToleration | Filter, PreScore, Score | as upstream |
+//! | NodeAffinity | PreFilter, Filter, PreScore, Score | as upstream |
+//! | NodePorts | PreFilter, Filter | as upstream |
+//! | NodeResourcesFit | PreFilter, Filter, PreScore, Score | as upstream; LeastAllocated, MostAllocated, RequestedToCapacityRatio |
+//! | NodeResourcesBalancedAllocation | PreScore, Score | as upstream |
+//! | InterPodAffinity | PreFilter, Filter, PreScore, Score | see the module |
+//! | PodTopologySpread | PreFilter, Filter, PreScore, Score | see the module |
+//! | VolumeBinding | PreFilter, Filter, Reserve, PreBind, PreScore, Score | see the module |
+//! | VolumeRestrictions | PreFilter, Filter | see the module |
+//! | VolumeZone | PreFilter, Filter | see the module |
+//! | NodeVolumeLimits | PreFilter, Filter | see the module |
+//! | ImageLocality | Score | as upstream |
+//! | DynamicResources | PreEnqueue, PreFilter, Filter, PostFilter, PreScore, Score, Reserve, PreBind | the allocator (`dra-allocator`) |
+//! | DefaultBinder | Bind | the daemon's binder |
+//! | DefaultPreemption | PostFilter | not yet (#17): a pod that does not fit waits; nothing is evicted |
+//! | NodeDeclaredFeatures | PreFilter, Filter | see the module |
+//! | GangScheduling, TopologyPlacementGenerator, PodGroupPodsCount | | behind gates that are off by default in 1.37; not yet (#16) |
+//!
+//! Two plugins of this scheduler's own score device placements, for pods with claims:
+//! NUMAAlignment (fewer whole free NUMA domains broken into) and DevicePacking (fewer free
+//! devices left on the node). Both weigh 1 in the default profile and can be disabled.
+
+use std::sync::Arc;
+
+use crate::framework::{PluginArgs, Point};
+
+pub mod device_scores;
+pub mod dynamic_resources;
+mod guard;
+pub mod image_locality;
+pub mod inter_pod_affinity;
+pub mod node_affinity;
+pub mod node_declared_features;
+pub mod node_name;
+pub mod node_ports;
+pub mod node_resources_balanced_allocation;
+pub mod node_resources_fit;
+pub mod node_unschedulable;
+pub mod node_volume_limits;
+pub mod pod_topology_spread;
+pub mod priority_sort;
+pub mod scheduling_gates;
+pub mod taint_toleration;
+pub mod volume_binding;
+pub mod volume_restrictions;
+pub mod volume_zone;
+
+/// kube-scheduler v1.37's default plugins in its order (DynamicResources before
+/// DefaultPreemption, as upstream inserts it), with score weights; then ours.
+pub const DEFAULT: &[(&str, i64)] = &[
+    ("SchedulingGates", 0),
+    ("PrioritySort", 0),
+    ("NodeName", 0),
+    ("NodeUnschedulable", 0),
+    ("TaintToleration", 3),
+    ("NodeAffinity", 2),
+    ("NodePorts", 0),
+    ("NodeResourcesFit", 1),
+    ("VolumeRestrictions", 0),
+    ("NodeVolumeLimits", 0),
+    ("VolumeBinding", 1),
+    ("VolumeZone", 0),
+    ("PodTopologySpread", 2),
+    ("InterPodAffinity", 2),
+    ("DynamicResources", 2),
+    ("NodeResourcesBalancedAllocation", 1),
+    ("ImageLocality", 1),
+    ("NodeDeclaredFeatures", 0),
+    ("NUMAAlignment", 1),
+    ("DevicePacking", 1),
+];
+
+/// Plugins of this scheduler's own, not in kube-scheduler.
+pub const OUT_OF_TREE: &[&str] = &["NUMAAlignment", "DevicePacking"];
+
+/// Plugins kube-scheduler has that are not implemented here, and why.
+pub const NOT_IMPLEMENTED: &[(&str, &str)] = &[
+    (
+        "DefaultPreemption",
+        "preemption is not implemented yet: a pod that does not fit waits, nothing is evicted",
+    ),
+    ("GangScheduling", "PodGroups are not supported yet"),
+    (
+        "TopologyPlacementGenerator",
+        "PodGroups are not supported yet",
+    ),
+    ("PodGroupPodsCount", "PodGroups are not supported yet"),
+    (
+        "DeferredPodScheduling",
+        "in-place resize preemption is not supported",
+    ),
+];
+
+/// The extension points a plugin implements, by name; `None` for an unknown plugin.
+pub fn points_of(name: &str) -> Option<&'static [Point]> {
+    use Point::*;
+    Some(match name {
+        "SchedulingGates" => &[PreEnqueue],
+        "PrioritySort" => &[QueueSort],
+        "NodeName" | "NodeUnschedulable" => &[Filter],
+        "TaintToleration" => &[Filter, PreScore, Score],
+        "NodeAffinity" | "NodeResourcesFit" | "PodTopologySpread" | "InterPodAffinity" => {
+            &[PreFilter, Filter, PreScore, Score]
+        }
+        "NodePorts"
+        | "VolumeRestrictions"
+        | "VolumeZone"
+        | "NodeVolumeLimits"
+        | "NodeDeclaredFeatures" => &[PreFilter, Filter],
+        "VolumeBinding" => &[PreFilter, Filter, Reserve, PreBind, PreScore, Score],
+        "NodeResourcesBalancedAllocation" => &[PreScore, Score],
+        "ImageLocality" | "NUMAAlignment" | "DevicePacking" => &[Score],
+        "DynamicResources" => &[
+            PreEnqueue, PreFilter, Filter, PostFilter, PreScore, Score, Reserve, PreBind,
+        ],
+        "DefaultBinder" => &[Bind],
+        _ => return None,
+    })
+}
+
+/// The plugin's name as a `'static` string (for statuses).
+pub fn static_name(name: &str) -> &'static str {
+    DEFAULT
+        .iter()
+        .map(|(n, _)| *n)
+        .chain(["DefaultBinder"])
+        .find(|n| *n == name)
+        .unwrap_or("unknown")
+}
+
+/// Build a plugin by name with the profile's arguments.
+pub fn build(name: &str, args: &PluginArgs) -> Option<Arc<dyn crate::framework::Plugin>> {
+    Some(match name {
+        "SchedulingGates" => Arc::new(scheduling_gates::SchedulingGates),
+        "PrioritySort" => Arc::new(priority_sort::PrioritySort),
+        "NodeName" => Arc::new(node_name::NodeName),
+        "NodeUnschedulable" => Arc::new(node_unschedulable::NodeUnschedulable),
+        "TaintToleration" => Arc::new(taint_toleration::TaintToleration),
+        "NodeAffinity" => Arc::new(node_affinity::NodeAffinity),
+        "NodePorts" => Arc::new(node_ports::NodePorts),
+        "NodeResourcesFit" => Arc::new(node_resources_fit::NodeResourcesFit::new(
+            &args.node_resources_fit,
+        )),
+        "NodeResourcesBalancedAllocation" => Arc::new(
+            node_resources_balanced_allocation::BalancedAllocation::new(&args.balanced_allocation),
+        ),
+        "ImageLocality" => Arc::new(image_locality::ImageLocality),
+        "InterPodAffinity" => Arc::new(inter_pod_affinity::InterPodAffinity::new(
+            &args.inter_pod_affinity,
+        )),
+        "PodTopologySpread" => Arc::new(pod_topology_spread::PodTopologySpread::new(
+            &args.pod_topology_spread,
+        )),
+        "VolumeBinding" => Arc::new(volume_binding::VolumeBinding),
+        "VolumeRestrictions" => Arc::new(volume_restrictions::VolumeRestrictions),
+        "VolumeZone" => Arc::new(volume_zone::VolumeZone),
+        "NodeVolumeLimits" => Arc::new(node_volume_limits::NodeVolumeLimits),
+        "NodeDeclaredFeatures" => Arc::new(node_declared_features::NodeDeclaredFeatures),
+        "DynamicResources" => Arc::new(dynamic_resources::DynamicResources),
+        "NUMAAlignment" => Arc::new(device_scores::NumaAlignment),
+        "DevicePacking" => Arc::new(device_scores::DevicePacking),
+        _ => return None,
+    })
+}

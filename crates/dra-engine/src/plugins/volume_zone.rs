@@ -1,0 +1,27 @@
+//! VolumeZone (being written).
+
+use crate::framework::{Cycle, Plugin, PluginCycle, Point, Status};
+
+pub struct VolumeZone;
+
+struct Guard<'a>(&'a Cycle<'a>);
+
+impl Plugin for VolumeZone {
+    fn name(&self) -> &'static str {
+        "VolumeZone"
+    }
+
+    fn points(&self) -> &'static [Point] {
+        super::points_of("VolumeZone").unwrap_or_default()
+    }
+
+    fn cycle<'a>(&'a self, cycle: &'a Cycle<'a>) -> Box<dyn PluginCycle + 'a> {
+        Box::new(Guard(cycle))
+    }
+}
+
+impl PluginCycle for Guard<'_> {
+    fn pre_filter(&mut self) -> Status {
+        super::guard::reject_volumes(self.0.pod)
+    }
+}
