@@ -2,7 +2,7 @@
 //! the DRA objects. One writer (the informer loop or the simulator) applies updates; the
 //! scheduling cycle reads it and records what it assumes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
@@ -67,6 +67,8 @@ pub struct NodeInfo {
     pub allocatable: ResourceList,
     pub used: ResourceList,
     pub pods: usize,
+    /// The pods bound here (not terminal), to look up in [`ClusterState::pods`].
+    pub pod_keys: BTreeSet<ObjectKey>,
     pub ports: Vec<HostPort>,
     /// Why the node's own object is unusable (e.g. a malformed allocatable quantity).
     pub broken: Option<String>,
@@ -90,6 +92,7 @@ impl NodeInfo {
             allocatable,
             used: ResourceList::default(),
             pods: 0,
+            pod_keys: BTreeSet::new(),
             ports: Vec::new(),
             broken,
         }
@@ -105,6 +108,7 @@ impl NodeInfo {
             self.used.add(&requests);
         }
         self.pods += 1;
+        self.pod_keys.insert(ObjectKey::of(&pod.metadata));
         self.ports.extend(host_ports(pod));
     }
 
@@ -113,6 +117,7 @@ impl NodeInfo {
             self.used.sub(&requests);
         }
         self.pods = self.pods.saturating_sub(1);
+        self.pod_keys.remove(&ObjectKey::of(&pod.metadata));
         for port in host_ports(pod) {
             if let Some(i) = self.ports.iter().position(|p| *p == port) {
                 self.ports.swap_remove(i);
