@@ -11,23 +11,69 @@ fn profile(name: &str) -> String {
     format!("{}/profiles/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Whether this machine has the NVIDIA driver: the device node it creates when loaded.
+fn nvidia_driver_present() -> bool {
+    std::path::Path::new("/dev/nvidiactl").exists()
+}
+
+const NVML_MISSING: &str = "error: libnvidia-ml.so.1 could not be loaded: ";
+const WAY_OUT: &str =
+    "(run on a node with the NVIDIA driver, or pass --backend fake --fake-profile FILE)";
+
+/// Both kinds of machine are asserted on: without the driver NVML cannot load and the agent
+/// names the library; with it the real backend lists the GPUs, or, where NVML still cannot be
+/// used (a container without the library), the agent says why in the same words.
 #[test]
-fn missing_nvml_exits_naming_the_library() {
-    if std::path::Path::new("/dev/nvidiactl").exists() {
-        return; // a GPU machine: NVML loads
+fn discover_finds_the_real_gpus_or_says_why_not() {
+    let out = agent()
+        .args(["--node-name", "n1", "discover"])
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let slices = String::from_utf8_lossy(&out.stdout);
+    if !nvidia_driver_present() {
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(NVML_MISSING) && err.contains(WAY_OUT), "{err}");
+    } else if out.status.success() {
+        assert!(
+            err.contains("gpu-0: "),
+            "no GPU listed on a machine with the driver: {err}"
+        );
+        assert!(
+            slices.contains("kind: ResourceSlice") && slices.contains("driver: gpu.nvidia.com"),
+            "{slices}"
+        );
+    } else {
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.starts_with("error: ") && err.contains(WAY_OUT),
+            "the driver is here but NVML failed without saying why: {err}"
+        );
     }
+}
+
+/// `run` loads the backend before it looks for a cluster, so with no cluster it stops at the
+/// first that is missing, and says which.
+#[test]
+fn run_without_a_cluster_names_what_is_missing() {
     let out = agent()
         .args(["--node-name", "n1"])
         .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("error: libnvidia-ml.so.1 could not be loaded: ")
-            && err.contains("or pass --backend fake --fake-profile FILE"),
-        "{err}"
-    );
+    let no_cluster = "error: no --kubeconfig and not running in a cluster";
+    if nvidia_driver_present() {
+        assert!(
+            err.contains(no_cluster) || (err.starts_with("error: ") && err.contains(WAY_OUT)),
+            "{err}"
+        );
+    } else {
+        assert!(err.contains(NVML_MISSING) && err.contains(WAY_OUT), "{err}");
+    }
 }
 
 #[test]
