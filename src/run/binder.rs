@@ -20,7 +20,7 @@ use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use dra_engine::{ClaimDecision, ObjectKey, Placement};
+use dra_engine::{ClaimDecision, ObjectKey, Placement, claims};
 
 use super::metrics::{Metrics, is_not_leader};
 
@@ -46,11 +46,6 @@ fn describe(e: &kube::Error) -> String {
     }
 }
 
-/// Whether two allocations name the same devices and placement (the timestamp aside).
-fn same_devices(a: &AllocationResult, b: &AllocationResult) -> bool {
-    a.devices == b.devices && a.node_selector == b.node_selector
-}
-
 /// Kubernetes records when an allocation with binding conditions was made, so that a
 /// binding that never completes can time out: set `allocationTimestamp` for those.
 pub fn stamp_allocation(allocation: &mut AllocationResult, now: k8s_openapi::jiff::Timestamp) {
@@ -64,25 +59,14 @@ pub fn stamp_allocation(allocation: &mut AllocationResult, now: k8s_openapi::jif
     }
 }
 
+/// The pod's `reservedFor` entry, and whether an entry is this pod (by UID, as the
+/// engine decides: `dra_engine::claims`).
 fn consumer(placement: &Placement) -> ResourceClaimConsumerReference {
-    ResourceClaimConsumerReference {
-        api_group: None,
-        resource: "pods".into(),
-        name: placement.pod.name.clone(),
-        uid: placement.pod_uid.clone().unwrap_or_default(),
-    }
+    claims::consumer(&placement.pod.name, placement.pod_uid.as_deref())
 }
 
-/// Whether a `reservedFor` entry is this pod: by UID, the identity that survives a pod
-/// deleted and created again under the same name (by name only where no UID is known).
 fn is_pod(entry: &ResourceClaimConsumerReference, me: &ResourceClaimConsumerReference) -> bool {
-    entry.resource == "pods"
-        && entry.api_group.as_deref().unwrap_or_default().is_empty()
-        && if me.uid.is_empty() {
-            entry.name == me.name
-        } else {
-            entry.uid == me.uid
-        }
+    claims::is_pod(entry, &me.name, Some(me.uid.as_str()))
 }
 
 fn resource_version(claim: &ResourceClaim) -> Option<&str> {
@@ -185,7 +169,7 @@ async fn write_claim(
         let current = claim.status.as_ref().and_then(|s| s.allocation.clone());
         if let Some(allocation) = &decision.allocation {
             match &current {
-                Some(existing) if !same_devices(existing, allocation) => {
+                Some(existing) if !claims::same_devices(existing, allocation) => {
                     return Err(format!(
                         "ResourceClaim {} was allocated by someone else meanwhile",
                         decision.key
@@ -312,7 +296,7 @@ async fn unwind_claim(
             .cloned()
             .collect();
         let ours = match (&decision.allocation, &status.allocation) {
-            (Some(mine), Some(current)) => same_devices(mine, current),
+            (Some(mine), Some(current)) => claims::same_devices(mine, current),
             _ => false,
         };
         let mut patch = json!({"status": {}});
@@ -552,7 +536,7 @@ pub async fn release_claim(
         let Some(status) = current.status.as_ref() else {
             return Ok(false);
         };
-        let reserved = status.reserved_for.as_deref().unwrap_or_default();
+        let reserved = claims::reserved_for(&current);
         let only_this_pod =
             reserved.is_empty() || (reserved.len() == 1 && reserved[0].uid == pod_uid);
         if status.allocation.is_none() || !only_this_pod {
@@ -595,7 +579,7 @@ mod tests {
         let mut plain = allocation(None);
         stamp_allocation(&mut plain, now);
         assert_eq!(plain.allocation_timestamp, None);
-        assert!(same_devices(
+        assert!(claims::same_devices(
             &waits,
             &allocation(Some(vec!["attached".into()]))
         ));
