@@ -41,6 +41,10 @@ struct SimulateArgs {
     /// Schedule pods whose spec.schedulerName is this.
     #[arg(long, default_value = "dra-scheduler")]
     scheduler_name: String,
+    /// The daemon's config file (its own YAML or a KubeSchedulerConfiguration): simulate
+    /// with the same profile, percentageOfNodesToScore and filter timeout.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Schedule every pending pod, whatever its schedulerName.
     #[arg(long)]
     all_schedulers: bool,
@@ -72,10 +76,30 @@ fn run_simulate(args: SimulateArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let options = simulate::Options {
-        scheduler_name: args.scheduler_name,
+    let mut options = simulate::Options {
+        scheduler_name: args.scheduler_name.clone(),
         all_schedulers: args.all_schedulers,
+        ..Default::default()
     };
+    if let Some(path) = args.config {
+        let config = run::config::Config::resolve(run::config::RunArgs {
+            config: Some(path),
+            scheduler_name: Some(args.scheduler_name),
+            ..Default::default()
+        });
+        match config {
+            Ok(c) => {
+                options.scheduler_name = c.scheduler_name;
+                options.profile = c.profile;
+                options.percentage_of_nodes_to_score = c.percentage_of_nodes_to_score;
+                options.filter_timeout = c.filter_timeout;
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    }
     let sim = simulate::simulate(&options, input);
     match args.output {
         Output::Table => print!("{}", simulate::report::table(&sim)),

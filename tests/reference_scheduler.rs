@@ -247,6 +247,7 @@ async fn kube_scheduler_and_simulate_place_the_same_pods() {
             &simulate::Options {
                 scheduler_name: "dra-scheduler".into(),
                 all_schedulers: false,
+                ..Default::default()
             },
             simulate::load(std::slice::from_ref(&dir)).unwrap(),
         );
@@ -392,6 +393,7 @@ async fn dra_scheduler_run_places_like_simulate() {
             &simulate::Options {
                 scheduler_name: "dra-scheduler".into(),
                 all_schedulers: false,
+                ..Default::default()
             },
             simulate::load(std::slice::from_ref(&dir)).unwrap(),
         );

@@ -696,6 +696,7 @@ fn run_case(case: &Case, dir: &Path) -> Result<usize, String> {
     let options = simulate::Options {
         scheduler_name: "dra-scheduler".into(),
         all_schedulers: case.all_schedulers,
+        ..Default::default()
     };
     let sim = simulate::simulate(&options, input);
     let _ = simulate::report::table(&sim);

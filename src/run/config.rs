@@ -18,7 +18,9 @@ pub struct RunArgs {
     /// percentageOfNodesToScore, maxConcurrentBinds, clientQPS, clientBurst,
     /// filterTimeoutSeconds, leaderElection {leaderElect, leaseName, leaseNamespace,
     /// leaseDurationSeconds, renewDeadlineSeconds, retryPeriodSeconds}, scoring
-    /// {prioritizedList, numaAlignment, devicePacking, leastAllocated} (weights).
+    /// {prioritizedList, numaAlignment, devicePacking, leastAllocated} (weights). Or a
+    /// KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1): the profile whose
+    /// schedulerName is ours, clientConnection and leaderElection are read from it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Log format.
@@ -99,6 +101,46 @@ struct ScoringFile {
     least_allocated: u32,
 }
 
+/// The config file: this scheduler's own YAML, or a KubeSchedulerConfiguration (whose
+/// profile then replaces the default one).
+fn read_file(
+    path: &std::path::Path,
+    scheduler_name: Option<&str>,
+) -> Result<(File, Option<dra_engine::Profile>), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let value: serde_json::Value = serde_yaml::from_str(&text).map_err(|e| e.to_string())?;
+    if !super::kube_config::is_kube_scheduler_configuration(&value) {
+        let file = serde_json::from_value(value).map_err(|e| e.to_string())?;
+        return Ok((file, None));
+    }
+    let t = super::kube_config::translate(&value, scheduler_name)?;
+    let profile = t.profile;
+    let file = File {
+        scheduler_name: profile.as_ref().and_then(|p| p.scheduler_name.clone()),
+        kubeconfig: t.kubeconfig,
+        percentage_of_nodes_to_score: profile
+            .as_ref()
+            .and_then(|p| p.percentage_of_nodes_to_score)
+            .or(t.percentage_of_nodes_to_score),
+        client_qps: t.client_qps,
+        client_burst: t.client_burst,
+        filter_timeout_seconds: profile
+            .as_ref()
+            .and_then(|p| p.filter_timeout)
+            .map(|d| d.as_secs_f64()),
+        leader_election: LeaderElectionFile {
+            leader_elect: t.leader_elect,
+            lease_name: t.lease_name,
+            lease_namespace: t.lease_namespace,
+            lease_duration_seconds: t.lease_duration_seconds,
+            renew_deadline_seconds: t.renew_deadline_seconds,
+            retry_period_seconds: t.retry_period_seconds,
+        },
+        ..File::default()
+    };
+    Ok((file, profile.map(|p| p.profile)))
+}
+
 /// The default profile with the `scoring:` weights on the plugins they name: the
 /// prioritized list is DynamicResources' score, least allocated NodeResourcesFit's.
 fn profile_with(scoring: Option<ScoringFile>) -> dra_engine::Profile {
@@ -163,13 +205,10 @@ pub struct Config {
 
 impl Config {
     pub fn resolve(args: RunArgs) -> Result<Config, String> {
-        let file: File = match &args.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?
-            }
-            None => File::default(),
+        let (file, profile) = match &args.config {
+            Some(path) => read_file(path, args.scheduler_name.as_deref())
+                .map_err(|e| format!("{}: {e}", path.display()))?,
+            None => (File::default(), None),
         };
         let log_format = args
             .log_format
@@ -255,7 +294,7 @@ impl Config {
                 .max_concurrent_binds
                 .or(file.max_concurrent_binds)
                 .unwrap_or(16),
-            profile: profile_with(file.scoring),
+            profile: profile.unwrap_or_else(|| profile_with(file.scoring)),
             client_qps: args.client_qps.or(file.client_qps).unwrap_or(100.0),
             client_burst: args.client_burst.or(file.client_burst).unwrap_or(200),
             leader_election,
@@ -375,6 +414,49 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.contains("unknown field `schedulerNmae`"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_kube_scheduler_configuration_file_configures_the_daemon() {
+        let dir = std::env::temp_dir().join(format!("run-kubeconfig-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("scheduler.yaml");
+        std::fs::write(
+            &path,
+            "apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection: {qps: 30, burst: 60}
+leaderElection: {leaseDuration: 15s, renewDeadline: 10s, retryPeriod: 2s}
+profiles:
+- schedulerName: gpu-scheduler
+  plugins:
+    multiPoint:
+      disabled: [{name: ImageLocality}]
+  pluginConfig:
+  - name: DynamicResources
+    args: {filterTimeout: 20s}
+",
+        )
+        .unwrap();
+        let config = Config::resolve(RunArgs {
+            config: Some(path.clone()),
+            scheduler_name: Some("gpu-scheduler".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(config.scheduler_name, "gpu-scheduler");
+        assert_eq!((config.client_qps, config.client_burst), (30.0, 60));
+        assert_eq!(config.leader_election.unwrap().lease_duration_seconds, 15);
+        assert_eq!(config.filter_timeout, std::time::Duration::from_secs(20));
+        assert!(
+            !config
+                .profile
+                .plugins
+                .iter()
+                .any(|p| p.name == "ImageLocality"),
+            "the profile comes from the file"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

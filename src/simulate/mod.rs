@@ -12,13 +12,30 @@ mod yaml;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use dra_engine::{ClusterInput, Decision, Engine, EngineConfig, ObjectKey};
+use dra_engine::{ClusterInput, Decision, Engine, EngineConfig, ObjectKey, Profile};
 
 /// What to simulate and how to report it.
 #[derive(Clone, Debug)]
 pub struct Options {
     pub scheduler_name: String,
     pub all_schedulers: bool,
+    /// The scheduling profile (the daemon's `--config` gives the same one).
+    pub profile: Profile,
+    pub percentage_of_nodes_to_score: u32,
+    pub filter_timeout: std::time::Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        let engine = EngineConfig::default();
+        Options {
+            scheduler_name: engine.scheduler_name,
+            all_schedulers: false,
+            profile: engine.profile,
+            percentage_of_nodes_to_score: engine.percentage_of_nodes_to_score,
+            filter_timeout: engine.filter_timeout,
+        }
+    }
 }
 
 /// Why the simulation could not run.
@@ -76,6 +93,9 @@ pub fn simulate(options: &Options, input: ClusterInput) -> Simulation {
         .collect();
     let config = EngineConfig {
         scheduler_name: options.scheduler_name.clone(),
+        profile: options.profile.clone(),
+        percentage_of_nodes_to_score: options.percentage_of_nodes_to_score,
+        filter_timeout: options.filter_timeout,
         ..Default::default()
     };
     let mut engine = Engine::new(config, input);

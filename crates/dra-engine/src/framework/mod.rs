@@ -33,6 +33,7 @@ use crate::engine::Placement;
 use crate::resources::ResourceList;
 use crate::state::{ClusterState, NodeInfo, ObjectKey};
 
+pub mod config;
 mod profile;
 mod run;
 mod status;
