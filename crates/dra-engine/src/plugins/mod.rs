@@ -12,8 +12,8 @@
 //! | NodePorts | PreFilter, Filter | as upstream |
 //! | NodeResourcesFit | PreFilter, Filter, PreScore, Score | as upstream; LeastAllocated, MostAllocated, RequestedToCapacityRatio |
 //! | NodeResourcesBalancedAllocation | PreScore, Score | as upstream |
-//! | InterPodAffinity | PreFilter, Filter, PreScore, Score | see the module |
-//! | PodTopologySpread | PreFilter, Filter, PreScore, Score | see the module |
+//! | InterPodAffinity | PreFilter, Filter, PreScore, Score | as upstream (InterPodAffinityHostnameFastPath off, its 1.37 default); `matchLabelKeys`/`mismatchLabelKeys` merged as the API server merges them, for pods that did not come through it |
+//! | PodTopologySpread | PreFilter, Filter, PreScore, Score | as upstream, except that default constraints (System or List) never apply: their selector comes from Services, ReplicationControllers, ReplicaSets and StatefulSets, which the engine does not watch (kube-scheduler without those objects does the same) |
 //! | VolumeBinding | PreFilter, Filter, Reserve, PreBind, PreScore, Score | see the module |
 //! | VolumeRestrictions | PreFilter, Filter | see the module |
 //! | VolumeZone | PreFilter, Filter | see the module |
@@ -38,6 +38,7 @@ pub mod dynamic_resources;
 mod guard;
 pub mod image_locality;
 pub mod inter_pod_affinity;
+pub mod label_selector;
 pub mod node_affinity;
 pub mod node_declared_features;
 pub mod node_name;
