@@ -260,6 +260,7 @@ impl Engine {
                 node: best.name().to_string(),
                 claims: Vec::new(),
                 allocation_time: Duration::ZERO,
+                volumes: Vec::new(),
             };
             if let Err(status) = attempt.reserve(best, &mut placement) {
                 return Verdict::Stopped(status);

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use dra_allocator::{Features, SelectorCache, Snapshot, SnapshotInput};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim, ResourceClaimStatus};
 
 use crate::changes::Changes;
@@ -74,6 +74,44 @@ pub struct Placement {
     /// How long the device search for the pod's claims took on the chosen node (zero when
     /// nothing was allocated). All of a pod's claims are searched together.
     pub allocation_time: Duration,
+    /// What VolumeBinding decided for the pod's PersistentVolumeClaims that are not bound
+    /// yet; the binder writes these first (PreBind), then waits for the claims to be bound.
+    pub volumes: Vec<VolumeDecision>,
+}
+
+/// What happens to one of the pod's unbound PersistentVolumeClaims on the chosen node: the
+/// writes kube-scheduler's volume binder makes (`bindAPIUpdate`).
+// A pod has a handful of these at most; boxing the volumes would only add noise.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum VolumeDecision {
+    /// Bind the claim to an existing PersistentVolume: the volume's `spec.claimRef` names
+    /// the claim (with `pv.kubernetes.io/bound-by-controller: "yes"` when it did not name it
+    /// before); the PV controller then completes the claim's side.
+    Bind {
+        claim: ObjectKey,
+        /// The volume as it is to be written.
+        volume: PersistentVolume,
+        /// The volume as it was when the decision was made (its resourceVersion guards the
+        /// write; forgetting the decision puts it back).
+        before: PersistentVolume,
+    },
+    /// Have a volume provisioned for the node: the claim gets the annotation
+    /// `volume.kubernetes.io/selected-node`, which the provisioner acts on.
+    Provision {
+        claim: ObjectKey,
+        node: String,
+        /// The claim as it was when the decision was made.
+        before: PersistentVolumeClaim,
+    },
+}
+
+impl VolumeDecision {
+    pub fn claim(&self) -> &ObjectKey {
+        match self {
+            VolumeDecision::Bind { claim, .. } | VolumeDecision::Provision { claim, .. } => claim,
+        }
+    }
 }
 
 /// The outcome of one scheduling cycle.
@@ -366,6 +404,9 @@ impl Engine {
             }
             claims::reserve(status, &placement.pod.name, placement.pod_uid.as_deref());
         }
+        for decision in &placement.volumes {
+            self.assume_volume(decision);
+        }
         if let Some(mut pod) = self.state.pods.get(&placement.pod).cloned()
             && (placement.pod_uid.is_none() || pod.metadata.uid == placement.pod_uid)
         {
@@ -405,7 +446,87 @@ impl Engine {
                 self.release(&allocation);
             }
         }
+        for decision in &placement.volumes {
+            self.forget_volume(decision);
+        }
         self.forget_pod(placement);
+    }
+
+    /// Record a volume decision in the state, so the next pod sees the volume taken or the
+    /// claim's node chosen (kube-scheduler's assume cache). Only where the API server's
+    /// copy does not already say otherwise: an update that arrived first wins.
+    fn assume_volume(&mut self, decision: &VolumeDecision) {
+        let volumes = &mut self.state.volumes;
+        match decision {
+            VolumeDecision::Bind { volume, .. } => {
+                let name = volume.metadata.name.clone().unwrap_or_default();
+                let free = volumes.persistent_volumes.get(&name).is_some_and(|pv| {
+                    pv.spec
+                        .as_ref()
+                        .and_then(|s| s.claim_ref.as_ref())
+                        .is_none()
+                });
+                if free {
+                    volumes.persistent_volumes.insert(name, volume.clone());
+                }
+            }
+            VolumeDecision::Provision { claim, node, .. } => {
+                if let Some(pvc) = volumes.claims.get_mut(claim)
+                    && pvc
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.volume_name.as_deref())
+                        .is_none_or(str::is_empty)
+                {
+                    pvc.metadata
+                        .annotations
+                        .get_or_insert_with(Default::default)
+                        .entry(crate::plugins::volume_binding::ANN_SELECTED_NODE.to_string())
+                        .or_insert_with(|| node.clone());
+                }
+            }
+        }
+    }
+
+    /// Undo [`Engine::assume_volume`] where the state still holds the assumption (not an
+    /// update from the API server).
+    fn forget_volume(&mut self, decision: &VolumeDecision) {
+        let volumes = &mut self.state.volumes;
+        match decision {
+            VolumeDecision::Bind { volume, before, .. } => {
+                let name = volume.metadata.name.clone().unwrap_or_default();
+                if volumes.persistent_volumes.get(&name).is_some_and(|pv| {
+                    pv.metadata.resource_version == before.metadata.resource_version
+                        && pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref())
+                            == volume.spec.as_ref().and_then(|s| s.claim_ref.as_ref())
+                }) {
+                    volumes.persistent_volumes.insert(name, before.clone());
+                }
+            }
+            VolumeDecision::Provision {
+                claim,
+                node,
+                before,
+            } => {
+                if let Some(pvc) = volumes.claims.get_mut(claim)
+                    && pvc.metadata.resource_version == before.metadata.resource_version
+                    && pvc
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(crate::plugins::volume_binding::ANN_SELECTED_NODE))
+                        == Some(node)
+                {
+                    *pvc = before.clone();
+                }
+            }
+        }
+    }
+
+    /// The storage objects, to update from the informers. Unlike [`Engine::state_mut`] this
+    /// leaves the allocator's view alone: volumes play no part in it.
+    pub fn volumes_mut(&mut self) -> &mut crate::state::Volumes {
+        &mut self.state.volumes
     }
 
     /// Undo only the pod's part of [`Engine::assume`]: it is pending again, while its

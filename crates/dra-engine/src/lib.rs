@@ -42,6 +42,7 @@ pub mod state;
 pub use cycle::Evaluation;
 pub use engine::{
     ClaimDecision, DEFAULT_FILTER_TIMEOUT, Decision, Engine, EngineConfig, Placement,
+    VolumeDecision,
 };
 pub use framework::Profile;
 pub use state::{ClusterInput, ClusterState, NodeInfo, ObjectKey};
