@@ -1,12 +1,20 @@
 //! What the cluster's controllers would do with the manifests before the scheduler sees
 //! them: workloads become pods (`<workload>-<index>`), pods get their priority from their
-//! PriorityClass, ResourceClaimTemplates become claims (`<pod>-<podClaimName>`), and every
-//! namespaced object without a namespace lands in `default`.
+//! PriorityClass, ResourceClaimTemplates become claims (`<pod>-<podClaimName>`), a
+//! StatefulSet's volumeClaimTemplates become claims (`<template>-<statefulset>-<index>`) and
+//! a generic ephemeral volume its pod's claim (`<pod>-<volume>`), every namespaced object
+//! without a namespace lands in `default`, and the PV controller's part is done where it
+//! needs nothing but the manifests: volumes without a status are Available (Bound when
+//! they name a claim), a claim that names its volume is bound to it, and a claim without a
+//! class gets the default StorageClass.
 
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
-use k8s_openapi::api::core::v1::{Pod, PodResourceClaimStatus, PodStatus, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{
+    ObjectReference, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource,
+    PersistentVolumeStatus, Pod, PodResourceClaimStatus, PodStatus, PodTemplateSpec, Volume,
+};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -111,6 +119,7 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
     let mut input = ClusterInput::default();
     let mut templates: HashMap<(String, String), ResourceClaimTemplate> = HashMap::new();
     let mut priority_classes: Vec<PriorityClass> = Vec::new();
+    let mut pvcs: Vec<PersistentVolumeClaim> = Vec::new();
     // Each pod with the object it came from, shared by a workload's pods.
     let mut pods: Vec<(Rc<Origin>, Pod)> = Vec::new();
 
@@ -164,12 +173,37 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
                 let name = ss.metadata.name.unwrap_or_default();
                 let ns = ss.metadata.namespace.unwrap_or_default();
                 for i in 0..spec.replicas.unwrap_or(1).max(0) {
-                    let pod = pod_from_template(
+                    let mut pod = pod_from_template(
                         &spec.template,
                         &ns,
                         format!("{name}-{i}"),
                         ("StatefulSet", &name),
                     );
+                    // The StatefulSet controller: one claim per template and replica, used
+                    // by the volume of the template's name.
+                    for template in spec.volume_claim_templates.iter().flatten() {
+                        let template_name = template.metadata.name.clone().unwrap_or_default();
+                        let claim_name = format!("{template_name}-{name}-{i}");
+                        let mut claim = template.clone();
+                        claim.metadata.name = Some(claim_name.clone());
+                        claim.metadata.namespace = Some(ns.clone());
+                        claim.status = None;
+                        pvcs.push(claim);
+                        let volumes = pod
+                            .spec
+                            .get_or_insert_with(Default::default)
+                            .volumes
+                            .get_or_insert_with(Vec::new);
+                        volumes.retain(|v| v.name != template_name);
+                        volumes.push(Volume {
+                            name: template_name,
+                            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                                claim_name,
+                                read_only: None,
+                            }),
+                            ..Default::default()
+                        });
+                    }
                     pods.push((origin.clone(), pod));
                 }
             }
@@ -208,6 +242,19 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
             Object::ResourceSlice(s) => input.slices.push(s),
             Object::DeviceTaintRule(r) => input.taint_rules.push(r),
             Object::PriorityClass(pc) => priority_classes.push(pc),
+            Object::PersistentVolume(pv) => input.persistent_volumes.push(pv),
+            Object::PersistentVolumeClaim(mut pvc) => {
+                namespaced(&mut pvc.metadata);
+                pvcs.push(pvc);
+            }
+            Object::StorageClass(mut sc) => {
+                // The API server's default.
+                sc.volume_binding_mode
+                    .get_or_insert_with(|| "Immediate".to_string());
+                input.storage_classes.push(sc);
+            }
+            Object::CSINode(n) => input.csi_nodes.push(n),
+            Object::CSIDriver(d) => input.csi_drivers.push(d),
         }
     }
 
@@ -306,7 +353,99 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
                 .get_or_insert_with(PodStatus::default)
                 .resource_claim_statuses = Some(statuses);
         }
+        // The ephemeral volume controller: the claim of each generic ephemeral volume.
+        let spec = pod.spec.as_ref();
+        for volume in spec.and_then(|s| s.volumes.as_deref()).unwrap_or_default() {
+            let Some(template) = volume
+                .ephemeral
+                .as_ref()
+                .and_then(|e| e.volume_claim_template.as_ref())
+            else {
+                continue;
+            };
+            let tmeta = template.metadata.clone().unwrap_or_default();
+            pvcs.push(PersistentVolumeClaim {
+                metadata: ObjectMeta {
+                    name: Some(format!("{pod_name}-{}", volume.name)),
+                    namespace: Some(ns.clone()),
+                    labels: tmeta.labels,
+                    annotations: tmeta.annotations,
+                    owner_references: Some(vec![OwnerReference {
+                        api_version: "v1".into(),
+                        kind: "Pod".into(),
+                        name: pod_name.clone(),
+                        uid: pod.metadata.uid.clone().unwrap_or_default(),
+                        controller: Some(true),
+                        block_owner_deletion: Some(true),
+                    }]),
+                    ..Default::default()
+                },
+                spec: Some(template.spec.clone()),
+                status: None,
+            });
+        }
         input.pods.push(pod);
     }
+    pv_controller(&mut input, pvcs);
     Ok(input)
+}
+
+/// What the PV controller (and the DefaultStorageClass admission) would have done with the
+/// storage objects before any pod is scheduled, as far as it needs no provisioner.
+fn pv_controller(input: &mut ClusterInput, mut pvcs: Vec<PersistentVolumeClaim>) {
+    use dra_engine::plugins::volume_binding::ANN_BIND_COMPLETED;
+    let default_class = input
+        .storage_classes
+        .iter()
+        .find(|sc| {
+            sc.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("storageclass.kubernetes.io/is-default-class"))
+                .is_some_and(|v| v == "true")
+        })
+        .and_then(|sc| sc.metadata.name.clone());
+    for pvc in &mut pvcs {
+        let spec = pvc.spec.get_or_insert_with(Default::default);
+        if spec.storage_class_name.is_none() {
+            spec.storage_class_name = default_class.clone();
+        }
+        let Some(volume) = spec.volume_name.clone().filter(|v| !v.is_empty()) else {
+            continue;
+        };
+        let Some(pv) = input
+            .persistent_volumes
+            .iter_mut()
+            .find(|pv| pv.metadata.name.as_deref() == Some(volume.as_str()))
+        else {
+            continue;
+        };
+        let pv_spec = pv.spec.get_or_insert_with(Default::default);
+        let claim_ref = pv_spec.claim_ref.get_or_insert_with(|| ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("PersistentVolumeClaim".into()),
+            namespace: pvc.metadata.namespace.clone(),
+            name: pvc.metadata.name.clone(),
+            ..Default::default()
+        });
+        if claim_ref.name != pvc.metadata.name || claim_ref.namespace != pvc.metadata.namespace {
+            continue;
+        }
+        pvc.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .entry(ANN_BIND_COMPLETED.to_string())
+            .or_insert_with(|| "yes".to_string());
+        pvc.status.get_or_insert_with(Default::default).phase = Some("Bound".into());
+    }
+    for pv in &mut input.persistent_volumes {
+        let claimed = pv.spec.as_ref().is_some_and(|s| s.claim_ref.is_some());
+        let status = pv
+            .status
+            .get_or_insert_with(PersistentVolumeStatus::default);
+        if status.phase.is_none() {
+            status.phase = Some(if claimed { "Bound" } else { "Available" }.into());
+        }
+    }
+    input.persistent_volume_claims = pvcs;
 }

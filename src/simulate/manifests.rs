@@ -9,11 +9,12 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, DeviceTaintRule, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
 use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::DeserializeSeed;
 use serde_json::Value;
@@ -60,6 +61,11 @@ pub enum Object {
     ResourceSlice(ResourceSlice),
     DeviceTaintRule(DeviceTaintRule),
     PriorityClass(PriorityClass),
+    PersistentVolume(PersistentVolume),
+    PersistentVolumeClaim(PersistentVolumeClaim),
+    StorageClass(StorageClass),
+    CSINode(CSINode),
+    CSIDriver(CSIDriver),
 }
 
 impl Object {
@@ -78,6 +84,11 @@ impl Object {
             Object::ResourceSlice(_) => "ResourceSlice",
             Object::DeviceTaintRule(_) => "DeviceTaintRule",
             Object::PriorityClass(_) => "PriorityClass",
+            Object::PersistentVolume(_) => "PersistentVolume",
+            Object::PersistentVolumeClaim(_) => "PersistentVolumeClaim",
+            Object::StorageClass(_) => "StorageClass",
+            Object::CSINode(_) => "CSINode",
+            Object::CSIDriver(_) => "CSIDriver",
         }
     }
 
@@ -96,6 +107,11 @@ impl Object {
             Object::ResourceSlice(o) => &o.metadata,
             Object::DeviceTaintRule(o) => &o.metadata,
             Object::PriorityClass(o) => &o.metadata,
+            Object::PersistentVolume(o) => &o.metadata,
+            Object::PersistentVolumeClaim(o) => &o.metadata,
+            Object::StorageClass(o) => &o.metadata,
+            Object::CSINode(o) => &o.metadata,
+            Object::CSIDriver(o) => &o.metadata,
         }
     }
 
@@ -155,8 +171,6 @@ const IGNORED_KINDS: &[&str] = &[
     "NetworkPolicy",
     "PodDisruptionBudget",
     "HorizontalPodAutoscaler",
-    "PersistentVolumeClaim",
-    "StorageClass",
     "CustomResourceDefinition",
     "LimitRange",
     "ResourceQuota",
@@ -501,6 +515,19 @@ fn parse_object(value: Value, source: &Source, into: &mut Manifests) -> Result<(
         "DeviceTaintRule" => {
             expect("resource.k8s.io/v1").and_then(|_| strict(&value).map(Object::DeviceTaintRule))
         }
+        "PersistentVolume" => {
+            expect("v1").and_then(|_| strict(&value).map(Object::PersistentVolume))
+        }
+        "PersistentVolumeClaim" => {
+            expect("v1").and_then(|_| strict(&value).map(Object::PersistentVolumeClaim))
+        }
+        "StorageClass" => {
+            expect("storage.k8s.io/v1").and_then(|_| strict(&value).map(Object::StorageClass))
+        }
+        "CSINode" => expect("storage.k8s.io/v1").and_then(|_| strict(&value).map(Object::CSINode)),
+        "CSIDriver" => {
+            expect("storage.k8s.io/v1").and_then(|_| strict(&value).map(Object::CSIDriver))
+        }
         other if IGNORED_KINDS.contains(&other) => {
             into.ignored.push(Ignored {
                 source: source.clone(),
@@ -511,7 +538,8 @@ fn parse_object(value: Value, source: &Source, into: &mut Manifests) -> Result<(
         other => Err(error(format!(
             "kind {other} is not one simulate understands (Namespace, Node, Pod, Deployment, \
              ReplicaSet, StatefulSet, Job, PriorityClass, ResourceClaim, ResourceClaimTemplate, \
-             DeviceClass, ResourceSlice, DeviceTaintRule)"
+             DeviceClass, ResourceSlice, DeviceTaintRule, PersistentVolume, PersistentVolumeClaim, \
+             StorageClass, CSINode, CSIDriver)"
         ))),
     };
     let object = object.map_err(|mut e| {

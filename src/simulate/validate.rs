@@ -75,6 +75,88 @@ pub fn validate(object: &Object) -> Check {
         Object::ResourceSlice(slice) => resource_slice(slice),
         Object::DeviceTaintRule(rule) => device_taint_rule(rule),
         Object::PriorityClass(pc) => priority_class(pc),
+        Object::PersistentVolume(pv) => persistent_volume(pv),
+        Object::PersistentVolumeClaim(pvc) => persistent_volume_claim(pvc),
+        Object::StorageClass(sc) => storage_class(sc),
+        Object::CSINode(n) => metadata(&n.metadata, NameRule::Subdomain, false),
+        Object::CSIDriver(d) => metadata(&d.metadata, NameRule::Subdomain, false),
+    }
+}
+
+// ---- storage -----------------------------------------------------------------------------
+
+const ACCESS_MODES: &[&str] = &[
+    "ReadWriteOnce",
+    "ReadOnlyMany",
+    "ReadWriteMany",
+    "ReadWriteOncePod",
+];
+const VOLUME_MODES: &[&str] = &["Filesystem", "Block"];
+const BINDING_MODES: &[&str] = &["Immediate", "WaitForFirstConsumer"];
+
+fn access_modes(modes: Option<&Vec<String>>) -> Check {
+    for (i, mode) in modes.into_iter().flatten().enumerate() {
+        if !ACCESS_MODES.contains(&mode.as_str()) {
+            return unsupported(format!("spec.accessModes[{i}]"), mode, ACCESS_MODES);
+        }
+    }
+    Ok(())
+}
+
+fn volume_mode(mode: Option<&String>) -> Check {
+    match mode {
+        Some(m) if !VOLUME_MODES.contains(&m.as_str()) => {
+            unsupported("spec.volumeMode", m, VOLUME_MODES)
+        }
+        _ => Ok(()),
+    }
+}
+
+fn persistent_volume(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> Check {
+    metadata(&pv.metadata, NameRule::Subdomain, false)?;
+    let Some(spec) = pv.spec.as_ref() else {
+        return required("spec");
+    };
+    match spec.capacity.as_ref().and_then(|c| c.get("storage")) {
+        Some(q) => quantity("spec.capacity.storage".into(), q)?,
+        None => return required("spec.capacity.storage"),
+    }
+    access_modes(spec.access_modes.as_ref())?;
+    volume_mode(spec.volume_mode.as_ref())?;
+    if let Some(required_terms) = spec
+        .node_affinity
+        .as_ref()
+        .and_then(|a| a.required.as_ref())
+    {
+        node_selector("spec.nodeAffinity.required", required_terms)?;
+    }
+    Ok(())
+}
+
+fn persistent_volume_claim(pvc: &k8s_openapi::api::core::v1::PersistentVolumeClaim) -> Check {
+    metadata(&pvc.metadata, NameRule::Subdomain, true)?;
+    let Some(spec) = pvc.spec.as_ref() else {
+        return required("spec");
+    };
+    access_modes(spec.access_modes.as_ref())?;
+    volume_mode(spec.volume_mode.as_ref())?;
+    let requests = spec.resources.as_ref().and_then(|r| r.requests.as_ref());
+    if let Some(q) = requests.and_then(|r| r.get("storage")) {
+        quantity("spec.resources.requests.storage".into(), q)?;
+    }
+    Ok(())
+}
+
+fn storage_class(sc: &k8s_openapi::api::storage::v1::StorageClass) -> Check {
+    metadata(&sc.metadata, NameRule::Subdomain, false)?;
+    if sc.provisioner.is_empty() {
+        return required("provisioner");
+    }
+    match sc.volume_binding_mode.as_deref() {
+        Some(m) if !BINDING_MODES.contains(&m) => {
+            unsupported("volumeBindingMode", m, BINDING_MODES)
+        }
+        _ => Ok(()),
     }
 }
 
