@@ -10,6 +10,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
 
 use crate::plugins::node_ports::{HostPort, host_ports};
+use crate::plugins::node_resources_fit::Requested;
 use crate::resources::{ResourceList, pod_requests};
 
 /// Everything the engine is built from, as read from the API server or from manifests.
@@ -66,6 +67,10 @@ pub struct NodeInfo {
     pub node: Node,
     pub allocatable: ResourceList,
     pub used: ResourceList,
+    /// What the bound pods request as kube-scheduler adds it up for NodeResourcesFit and
+    /// the scores: in units, each pod rounded on its own, and cpu and memory with the
+    /// non-zero defaults.
+    pub requested: Requested,
     pub pods: usize,
     /// The pods bound here (not terminal), to look up in [`ClusterState::pods`].
     pub pod_keys: BTreeSet<ObjectKey>,
@@ -91,6 +96,7 @@ impl NodeInfo {
             node,
             allocatable,
             used: ResourceList::default(),
+            requested: Requested::default(),
             pods: 0,
             pod_keys: BTreeSet::new(),
             ports: Vec::new(),
@@ -105,6 +111,9 @@ impl NodeInfo {
     /// Count a pod bound to this node.
     pub fn add_pod(&mut self, pod: &Pod) {
         if let Ok(requests) = pod_requests(pod) {
+            if let Ok(requested) = Requested::of_pod(pod, &requests) {
+                self.requested.add(&requested);
+            }
             self.used.add(&requests);
         }
         self.pods += 1;
@@ -114,6 +123,9 @@ impl NodeInfo {
 
     pub fn remove_pod(&mut self, pod: &Pod) {
         if let Ok(requests) = pod_requests(pod) {
+            if let Ok(requested) = Requested::of_pod(pod, &requests) {
+                self.requested.sub(&requested);
+            }
             self.used.sub(&requests);
         }
         self.pods = self.pods.saturating_sub(1);
