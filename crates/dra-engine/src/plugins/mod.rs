@@ -10,8 +10,8 @@
 //! | TaintToleration | Filter, PreScore, Score | as upstream |
 //! | NodeAffinity | PreFilter, Filter, PreScore, Score | as upstream |
 //! | NodePorts | PreFilter, Filter | as upstream |
-//! | NodeResourcesFit | PreFilter, Filter, PreScore, Score | as upstream; LeastAllocated, MostAllocated, RequestedToCapacityRatio |
-//! | NodeResourcesBalancedAllocation | PreScore, Score | as upstream |
+//! | NodeResourcesFit | PreFilter, Filter, PreScore, Score | as upstream; LeastAllocated, MostAllocated, RequestedToCapacityRatio; a DRA extended resource in the scored resources is not scored on nodes without device-plugin capacity (see the module) |
+//! | NodeResourcesBalancedAllocation | PreScore, Score | as upstream (same DRA extended resource note) |
 //! | InterPodAffinity | PreFilter, Filter, PreScore, Score | as upstream (InterPodAffinityHostnameFastPath off, its 1.37 default); `matchLabelKeys`/`mismatchLabelKeys` merged as the API server merges them, for pods that did not come through it |
 //! | PodTopologySpread | PreFilter, Filter, PreScore, Score | as upstream, except that default constraints (System or List) never apply: their selector comes from Services, ReplicationControllers, ReplicaSets and StatefulSets, which the engine does not watch (kube-scheduler without those objects does the same) |
 //! | VolumeBinding | PreFilter, Filter, Reserve, PreBind, PreScore, Score | see the module |
@@ -22,7 +22,7 @@
 //! | DynamicResources | PreEnqueue, PreFilter, Filter, PostFilter, PreScore, Score, Reserve, PreBind | the allocator (`dra-allocator`) |
 //! | DefaultBinder | Bind | the daemon's binder |
 //! | DefaultPreemption | PostFilter | not yet (#17): a pod that does not fit waits; nothing is evicted |
-//! | NodeDeclaredFeatures | PreFilter, Filter | see the module |
+//! | NodeDeclaredFeatures | PreFilter, Filter | as upstream: all three features a new pod can need are inferred |
 //! | GangScheduling, TopologyPlacementGenerator, PodGroupPodsCount | | behind gates that are off by default in 1.37; not yet (#16) |
 //!
 //! Two plugins of this scheduler's own score device placements, for pods with claims:
@@ -35,7 +35,6 @@ use crate::framework::{PluginArgs, Point};
 
 pub mod device_scores;
 pub mod dynamic_resources;
-mod guard;
 pub mod image_locality;
 pub mod inter_pod_affinity;
 pub mod label_selector;
