@@ -8,6 +8,16 @@
 //! allocated the claim meanwhile. For a claim made for extended resources, the pod's
 //! `status.extendedResourceClaimStatus` names it and maps containers to its requests. Then
 //! the pod is bound with `pods/binding`.
+//!
+//! Before the claims, the pod's volumes, as kube-scheduler's VolumeBinding PreBind does
+//! (`bindAPIUpdate`, then `checkBindings`): each PersistentVolume chosen for a claim gets
+//! the claim in `spec.claimRef` (and `pv.kubernetes.io/bound-by-controller`), each claim
+//! to provision gets `volume.kubernetes.io/selected-node`; both guarded by the
+//! resourceVersion the decision was made on. Then the binder waits (polling once a second,
+//! at most [`VOLUME_BIND_TIMEOUT`], upstream's bindTimeoutSeconds) until the PV controller
+//! has bound every such claim. When a later step fails, the volume writes are undone while
+//! the claim is still unbound (upstream leaves them; the PV controller would then complete
+//! a binding for a pod that is not coming).
 
 use std::time::Duration;
 
@@ -20,7 +30,12 @@ use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use dra_engine::{ClaimDecision, ObjectKey, Placement, claims};
+use dra_engine::plugins::volume_binding::{
+    ANN_BOUND_BY_CONTROLLER, ANN_SELECTED_NODE, claim_volume_name, is_fully_bound,
+    volume_node_affinity_matches,
+};
+use dra_engine::{ClaimDecision, ObjectKey, Placement, VolumeDecision, claims};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 
 use super::metrics::{Metrics, is_not_leader};
 
@@ -30,6 +45,10 @@ const CONFLICT_RETRIES: usize = 5;
 /// to [`SETTLE_MAX_DELAY`], for as long as this replica may write.
 const SETTLE_FIRST_DELAY: Duration = Duration::from_millis(200);
 const SETTLE_MAX_DELAY: Duration = Duration::from_secs(5);
+/// How long the binder waits for the PV controller to bind a pod's claims (kube-scheduler's
+/// VolumeBinding `bindTimeoutSeconds` default).
+pub const VOLUME_BIND_TIMEOUT: Duration = Duration::from_secs(600);
+const VOLUME_POLL: Duration = Duration::from_secs(1);
 
 fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
@@ -376,9 +395,20 @@ pub async fn bind(
 ) -> Result<Vec<ResourceClaim>, BindFailure> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &placement.pod.namespace);
     let mut attempted: Vec<&ClaimDecision> = Vec::new();
+    let mut volumes_attempted: Vec<&VolumeDecision> = Vec::new();
     let mut stored = Vec::new();
     let mut result = Ok(());
-    for decision in &placement.claims {
+    for decision in &placement.volumes {
+        volumes_attempted.push(decision);
+        if let Err(e) = write_volume(client, metrics, decision).await {
+            result = Err(e);
+            break;
+        }
+    }
+    if result.is_ok() && !placement.volumes.is_empty() {
+        result = wait_for_volumes(client, &pods, placement, VOLUME_BIND_TIMEOUT).await;
+    }
+    for decision in placement.claims.iter().filter(|_| result.is_ok()) {
         attempted.push(decision);
         match write_claim(client, metrics, placement, decision).await {
             Ok(claim) => stored.push(claim),
@@ -422,7 +452,299 @@ pub async fn bind(
     let Err(message) = result else {
         return Ok(stored);
     };
-    settle(client, metrics, &pods, placement, &attempted, message).await
+    settle(
+        client,
+        metrics,
+        &pods,
+        placement,
+        (&attempted, &volumes_attempted),
+        message,
+    )
+    .await
+}
+
+fn volume_name(decision: &VolumeDecision) -> String {
+    match decision {
+        VolumeDecision::Bind { volume, .. } => volume.metadata.name.clone().unwrap_or_default(),
+        VolumeDecision::Provision { .. } => String::new(),
+    }
+}
+
+/// Write one volume decision (`bindAPIUpdate`), guarded by the resourceVersion it was made
+/// on, with a JSON merge patch of the fields it sets.
+async fn write_volume(
+    client: &Client,
+    metrics: &Metrics,
+    decision: &VolumeDecision,
+) -> Result<(), String> {
+    let params = PatchParams::default();
+    match decision {
+        VolumeDecision::Bind {
+            claim,
+            volume,
+            before,
+        } => {
+            let api: Api<PersistentVolume> = Api::all(client.clone());
+            let name = volume_name(decision);
+            let mut patch = json!({
+                "metadata": {"resourceVersion": before.metadata.resource_version},
+                "spec": {"claimRef": volume.spec.as_ref().and_then(|s| s.claim_ref.as_ref())},
+            });
+            if let Some(v) = volume
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANN_BOUND_BY_CONTROLLER))
+            {
+                patch["metadata"]["annotations"] = json!({ ANN_BOUND_BY_CONTROLLER: v });
+            }
+            metrics
+                .write(
+                    "patch",
+                    "persistentvolumes",
+                    api.patch(&name, &params, &Patch::Merge(patch)),
+                )
+                .await
+                .map(|_| ())
+                .map_err(|e| {
+                    format!(
+                        "bind PersistentVolume {name} to PersistentVolumeClaim {claim}: {}",
+                        describe(&e)
+                    )
+                })
+        }
+        VolumeDecision::Provision {
+            claim,
+            node,
+            before,
+        } => {
+            let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &claim.namespace);
+            let patch = json!({"metadata": {
+                "resourceVersion": before.metadata.resource_version,
+                "annotations": { ANN_SELECTED_NODE: node },
+            }});
+            metrics
+                .write(
+                    "patch",
+                    "persistentvolumeclaims",
+                    api.patch(&claim.name, &params, &Patch::Merge(patch)),
+                )
+                .await
+                .map(|_| ())
+                .map_err(|e| {
+                    format!(
+                        "select node {node} for provisioning PersistentVolumeClaim {claim}: {}",
+                        describe(&e)
+                    )
+                })
+        }
+    }
+}
+
+/// Wait until the PV controller has bound every claim of the placement's volume decisions
+/// (`checkBindings`), polling once a second up to `timeout`. Fails at once when a binding
+/// was undone by someone else, provisioning failed, or the pod is gone.
+async fn wait_for_volumes(
+    client: &Client,
+    pods: &Api<Pod>,
+    placement: &Placement,
+    timeout: Duration,
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let read =
+        |what: &str, e: kube::Error| format!("binding volumes: read {what}: {}", describe(&e));
+    let node = nodes
+        .get(&placement.node)
+        .await
+        .map_err(|e| read(&format!("node {}", placement.node), e))?;
+    let labels = node.metadata.labels.as_ref();
+    loop {
+        let pod = pods
+            .get_opt(&placement.pod.name)
+            .await
+            .map_err(|e| read(&format!("pod {}", placement.pod), e))?;
+        if pod.is_none_or(|p| placement.pod_uid.is_some() && p.metadata.uid != placement.pod_uid) {
+            return Err(format!(
+                "binding volumes: pod {} does not exist any more",
+                placement.pod
+            ));
+        }
+        let mut waiting: Option<&ObjectKey> = None;
+        for decision in &placement.volumes {
+            let key = decision.claim();
+            let claims: Api<PersistentVolumeClaim> =
+                Api::namespaced(client.clone(), &key.namespace);
+            let pvc = claims
+                .get(&key.name)
+                .await
+                .map_err(|e| read(&format!("PersistentVolumeClaim {key}"), e))?;
+            let volume = match decision {
+                VolumeDecision::Bind { .. } => {
+                    let name = volume_name(decision);
+                    let pv = pvs
+                        .get(&name)
+                        .await
+                        .map_err(|e| read(&format!("PersistentVolume {name}"), e))?;
+                    let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+                    if claim_ref.is_none_or(|r| r.uid.as_deref().unwrap_or_default().is_empty()) {
+                        return Err(format!(
+                            "binding volumes: ClaimRef got reset for pv {name:?}"
+                        ));
+                    }
+                    Some(pv)
+                }
+                VolumeDecision::Provision { node, .. } => {
+                    let selected = pvc
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(ANN_SELECTED_NODE));
+                    if selected != Some(node) {
+                        return Err(format!(
+                            "binding volumes: provisioning failed for PVC {:?}",
+                            key.name
+                        ));
+                    }
+                    match claim_volume_name(&pvc) {
+                        "" => None,
+                        name => pvs
+                            .get_opt(name)
+                            .await
+                            .map_err(|e| read(&format!("PersistentVolume {name}"), e))?,
+                    }
+                }
+            };
+            if let Some(pv) = &volume
+                && !volume_node_affinity_matches(pv, labels)
+            {
+                return Err(format!(
+                    "binding volumes: pv {:?} node affinity doesn't match node {:?}",
+                    pv.metadata.name.as_deref().unwrap_or_default(),
+                    placement.node
+                ));
+            }
+            if !is_fully_bound(&pvc) {
+                waiting = Some(key);
+                break;
+            }
+        }
+        let Some(claim) = waiting else {
+            return Ok(());
+        };
+        if tokio::time::Instant::now() + VOLUME_POLL > deadline {
+            return Err(format!(
+                "binding volumes: PersistentVolumeClaim {claim} was not bound within {}s",
+                timeout.as_secs()
+            ));
+        }
+        tokio::time::sleep(VOLUME_POLL).await;
+    }
+}
+
+/// Undo one volume write while its claim is not bound yet: the volume's claimRef (and the
+/// annotation the write added), or the claim's selected node. A claim the PV controller
+/// already bound is left bound. Retried until it lands; an error means it did not.
+async fn unwind_volume(
+    client: &Client,
+    metrics: &Metrics,
+    decision: &VolumeDecision,
+) -> Result<(), String> {
+    let key = decision.claim();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &key.namespace);
+    let failed = |e: kube::Error| {
+        format!(
+            "unwind volumes of PersistentVolumeClaim {key}: {}",
+            describe(&e)
+        )
+    };
+    loop {
+        let pvc = settled(metrics, || claims.get_opt(&key.name))
+            .await
+            .map_err(failed)?;
+        if pvc
+            .as_ref()
+            .is_some_and(|c| !claim_volume_name(c).is_empty())
+        {
+            return Ok(());
+        }
+        let result = match decision {
+            VolumeDecision::Bind { before, .. } => {
+                let pvs: Api<PersistentVolume> = Api::all(client.clone());
+                let name = volume_name(decision);
+                let Some(pv) = settled(metrics, || pvs.get_opt(&name))
+                    .await
+                    .map_err(failed)?
+                else {
+                    return Ok(());
+                };
+                let ours = pv
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.claim_ref.as_ref())
+                    .is_some_and(|r| {
+                        r.name.as_deref() == Some(key.name.as_str())
+                            && r.namespace.as_deref() == Some(key.namespace.as_str())
+                    });
+                if !ours {
+                    return Ok(());
+                }
+                let mut patch = json!({
+                    "metadata": {"resourceVersion": pv.metadata.resource_version},
+                    "spec": {"claimRef": null},
+                });
+                let had = before
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(ANN_BOUND_BY_CONTROLLER));
+                if !had {
+                    patch["metadata"]["annotations"] = json!({ ANN_BOUND_BY_CONTROLLER: null });
+                }
+                settled(metrics, || {
+                    let (pvs, name, patch) = (&pvs, &name, patch.clone());
+                    async move {
+                        pvs.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                            .await
+                    }
+                })
+                .await
+                .map(|_| ())
+            }
+            VolumeDecision::Provision { node, .. } => {
+                let Some(pvc) = pvc else { return Ok(()) };
+                let selected = pvc
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(ANN_SELECTED_NODE));
+                if selected != Some(node) {
+                    return Ok(());
+                }
+                let patch = json!({"metadata": {
+                    "resourceVersion": pvc.metadata.resource_version,
+                    "annotations": { ANN_SELECTED_NODE: null },
+                }});
+                settled(metrics, || {
+                    let (claims, patch) = (&claims, patch.clone());
+                    async move {
+                        claims
+                            .patch(&key.name, &PatchParams::default(), &Patch::Merge(patch))
+                            .await
+                    }
+                })
+                .await
+                .map(|_| ())
+            }
+        };
+        match result {
+            Ok(()) => return Ok(()),
+            Err(e) if is_conflict(&e) => continue,
+            Err(e) if is_not_found(&e) => return Ok(()),
+            Err(e) => return Err(failed(e)),
+        }
+    }
 }
 
 async fn create_binding(
@@ -474,7 +796,7 @@ async fn settle(
     metrics: &Metrics,
     pods: &Api<Pod>,
     placement: &Placement,
-    attempted: &[&ClaimDecision],
+    (attempted, volumes): (&[&ClaimDecision], &[&VolumeDecision]),
     message: String,
 ) -> Result<Vec<ResourceClaim>, BindFailure> {
     let uncertain = |why: String| BindFailure {
@@ -504,6 +826,11 @@ async fn settle(
         Ok(PodNow::NotHere) => {
             for decision in attempted {
                 if let Err(e) = unwind_claim(client, metrics, placement, decision).await {
+                    return Err(uncertain(e));
+                }
+            }
+            for decision in volumes {
+                if let Err(e) = unwind_volume(client, metrics, decision).await {
                     return Err(uncertain(e));
                 }
             }
