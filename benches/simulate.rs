@@ -27,6 +27,7 @@ fn fleet_500_nodes_2000_pods(c: &mut Criterion) {
             let options = simulate::Options {
                 scheduler_name: "dra-scheduler".into(),
                 all_schedulers: false,
+                ..Default::default()
             };
             let sim = simulate::simulate(&options, input);
             assert_eq!(sim.pending(), 0);

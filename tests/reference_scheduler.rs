@@ -141,6 +141,11 @@ fn as_json(object: &Object) -> serde_json::Value {
         Object::ResourceSlice(o) => serde_json::to_value(o),
         Object::DeviceTaintRule(o) => serde_json::to_value(o),
         Object::PriorityClass(o) => serde_json::to_value(o),
+        Object::PersistentVolume(o) => serde_json::to_value(o),
+        Object::PersistentVolumeClaim(o) => serde_json::to_value(o),
+        Object::StorageClass(o) => serde_json::to_value(o),
+        Object::CSINode(o) => serde_json::to_value(o),
+        Object::CSIDriver(o) => serde_json::to_value(o),
     }
     .unwrap()
 }
