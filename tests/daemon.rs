@@ -89,12 +89,24 @@ async fn a5000_else_t10_then_metrics() {
     }));
 
     let text = eventually("/metrics", 30, || scrape(&daemon.metrics)).await;
+    // Once per placement that allocated a claim: each pod has one.
     assert_eq!(
         metric(
             &text,
             "dra_scheduler_claim_allocation_duration_seconds_count"
         ),
         2.0
+    );
+    let scheduled = "dra_scheduler_scheduling_attempt_duration_seconds";
+    assert_eq!(
+        metric(&text, &format!("{scheduled}_count{{result=\"scheduled\"}}")),
+        2.0,
+        "every attempt is counted with its result"
+    );
+    assert!(
+        metric(&text, "dra_scheduler_claim_allocation_duration_seconds_sum")
+            <= metric(&text, &format!("{scheduled}_sum{{result=\"scheduled\"}}")),
+        "the device search on the chosen node is part of the attempt"
     );
     assert!(
         metric(&text, "dra_scheduler_process_resident_memory_bytes") > 0.0,
@@ -183,7 +195,7 @@ async fn memory_selector_leaves_a_readable_condition() {
     })
     .await;
     assert!(
-        message.starts_with("0/1 nodes are available: 1 node: claim default/trainer-"),
+        message.starts_with("0/1 nodes are available: 1 claim default/trainer-"),
         "{message}"
     );
     assert!(
@@ -264,7 +276,7 @@ async fn two_hundred_pods_compete_for_a_hundred_gpus_without_doubling() {
     assert_eq!(messages.len(), 100);
     for m in &messages {
         assert!(
-            m.starts_with("0/20 nodes are available: 20 nodes: claim default/burst-")
+            m.starts_with("0/20 nodes are available: 20 claim default/burst-")
                 && m.contains("5 in use, 0 available"),
             "pending pod says why: {m:?}"
         );

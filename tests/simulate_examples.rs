@@ -147,8 +147,8 @@ fn memory_selector_leaves_one_replica_pending_and_says_why() {
     assert_eq!(r.node("default/trainer-1"), None);
     assert_eq!(
         r.message("default/trainer-1"),
-        "0/1 nodes are available: 1 node: claim default/trainer-1-gpu request gpu (needs 1): \
-         3 in class gpu.nvidia.com, 1 match the selectors, 1 in use, 0 available"
+        "0/1 nodes are available: 1 claim default/trainer-1-gpu request gpu (needs 1): \
+         3 in class gpu.nvidia.com, 1 match the selectors, 1 in use, 0 available."
     );
     assert!(r.claim("default/trainer-1-gpu")["allocation"].is_null());
 }
