@@ -2,7 +2,7 @@
 //! `schedulePod`: PreFilter, Filter on the nodes (until enough fit), PreScore and Score on
 //! the feasible ones, the best node (ties: the first by name), Reserve.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -75,9 +75,10 @@ impl Engine {
         let whole = budget == self.config().filter_timeout;
         let pod = pod_key.clone();
         let total = self.state().nodes.len();
-        let unschedulable = |message| Decision::Unschedulable {
+        let unschedulable = |message, rejected_by| Decision::Unschedulable {
             pod: pod.clone(),
             message,
+            rejected_by,
         };
         let error = |message| Decision::Error {
             pod: pod.clone(),
@@ -94,10 +95,10 @@ impl Engine {
                     Code::Stopped { cancelled } => {
                         stopped(pod_key, &status, cancelled, whole, budget, 0, total)
                     }
-                    _ => unschedulable(format!(
-                        "0/{total} nodes are available: {}.",
-                        status.message()
-                    )),
+                    _ => unschedulable(
+                        format!("0/{total} nodes are available: {}.", status.message()),
+                        BTreeSet::from([status.plugin]),
+                    ),
                 },
                 Verdict::Filtered {
                     outcomes,
@@ -124,7 +125,14 @@ impl Engine {
                     }
                     match placement {
                         Some(p) => Decision::Scheduled(p),
-                        None => unschedulable(fit_error(total, &outcomes)),
+                        None => unschedulable(
+                            fit_error(total, &outcomes),
+                            outcomes
+                                .iter()
+                                .filter(|o| o.status.is_rejection())
+                                .map(|o| o.status.plugin)
+                                .collect(),
+                        ),
                     }
                 }
             },

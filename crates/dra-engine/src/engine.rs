@@ -2,6 +2,7 @@
 //! (the cycle itself is in `cycle.rs`). Decisions are assumed into the state until their
 //! writes land, and forgotten when a write fails.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -122,6 +123,9 @@ pub enum Decision {
     Unschedulable {
         pod: ObjectKey,
         message: String,
+        /// The plugins that rejected it (on some node, or in PreFilter): which cluster
+        /// events may make it fit (kube-scheduler's queueing hints).
+        rejected_by: BTreeSet<&'static str>,
     },
     /// The attempt itself failed (a CEL error, a missing class, an invalid pool...): the
     /// message names the object and the cause; the pod should back off.
