@@ -475,6 +475,19 @@ fn values_change_what_is_rendered() {
     assert_eq!(cfg["maxConcurrentBinds"], 4);
     assert_eq!(cfg["clientQPS"], 20);
     assert_eq!(cfg["scoring"], serde_json::json!({"leastAllocated": 1}));
+    let profiled = config(&template(&[
+        "config.profile.plugins.score.disabled[0].name=ImageLocality",
+    ]));
+    let profile = json!({"plugins": {"score": {"disabled": [{"name": "ImageLocality"}]}}});
+    assert_eq!(profiled["profile"], profile);
+    let read = dra_engine::framework::config::profile_config(&profiled["profile"], "profile")
+        .expect("the chart's profile is one the scheduler reads");
+    assert!(
+        !read
+            .profile
+            .at(dra_engine::framework::Point::Score)
+            .any(|p| p.name == "ImageLocality")
+    );
     assert_eq!(cfg["metricsBindAddress"], "0.0.0.0:9100");
     assert_eq!(
         cfg["leaderElection"],
@@ -506,6 +519,14 @@ fn values_change_what_is_rendered() {
     );
     let e = template_error(&["config.logFormat=xml"]);
     assert!(e.contains("config.logFormat must be text or json"), "{e}");
+    let e = template_error(&[
+        "config.scoring.leastAllocated=1",
+        "config.profile.plugins.score.disabled[0].name=ImageLocality",
+    ]);
+    assert!(
+        e.contains("config.scoring and config.profile: set the weights in one of them"),
+        "{e}"
+    );
 }
 
 /// A kubeconfig for the same cluster as `admin` whose user is `token`.

@@ -18,7 +18,8 @@ pub struct RunArgs {
     /// percentageOfNodesToScore, maxConcurrentBinds, clientQPS, clientBurst,
     /// filterTimeoutSeconds, leaderElection {leaderElect, leaseName, leaseNamespace,
     /// leaseDurationSeconds, renewDeadlineSeconds, retryPeriodSeconds}, scoring
-    /// {prioritizedList, numaAlignment, devicePacking, leastAllocated} (weights). Or a
+    /// {prioritizedList, numaAlignment, devicePacking, leastAllocated} (weights), profile
+    /// (a KubeSchedulerConfiguration profile: plugins, pluginConfig). Or a
     /// KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1): the profile whose
     /// schedulerName is ours, clientConnection and leaderElection are read from it.
     #[arg(long, value_name = "FILE")]
@@ -85,6 +86,9 @@ struct File {
     #[serde(default)]
     leader_election: LeaderElectionFile,
     scoring: Option<ScoringFile>,
+    /// A KubeSchedulerConfiguration profile (`plugins`, `pluginConfig`), merged onto the
+    /// default profile as kube-scheduler merges it.
+    profile: Option<serde_json::Value>,
 }
 
 /// Scoring weights; a criterion left out weighs 0.
@@ -139,6 +143,25 @@ fn read_file(
         ..File::default()
     };
     Ok((file, profile.map(|p| p.profile)))
+}
+
+/// `profile:` in this scheduler's own file: plugins and pluginConfig only (the scheduler
+/// name, node percentage and filter timeout have their own keys).
+fn own_profile(value: &serde_json::Value) -> Result<dra_engine::Profile, String> {
+    let config = dra_engine::framework::config::profile_config(value, "profile")?;
+    if config.scheduler_name.is_some() {
+        return Err("profile.schedulerName: set schedulerName at the top of the file".into());
+    }
+    if config.percentage_of_nodes_to_score.is_some() {
+        return Err("profile.percentageOfNodesToScore: set it at the top of the file".into());
+    }
+    if config.filter_timeout.is_some() {
+        return Err(
+            "profile.pluginConfig: set DynamicResources' filterTimeout as filterTimeoutSeconds"
+                .into(),
+        );
+    }
+    Ok(config.profile)
 }
 
 /// The default profile with the `scoring:` weights on the plugins they name: the
@@ -294,7 +317,14 @@ impl Config {
                 .max_concurrent_binds
                 .or(file.max_concurrent_binds)
                 .unwrap_or(16),
-            profile: profile.unwrap_or_else(|| profile_with(file.scoring)),
+            profile: match (profile, file.profile, file.scoring) {
+                (Some(p), _, _) => p,
+                (None, Some(_), Some(_)) => {
+                    return Err("scoring and profile: set the weights in one of them".into());
+                }
+                (None, Some(p), None) => own_profile(&p)?,
+                (None, None, scoring) => profile_with(scoring),
+            },
             client_qps: args.client_qps.or(file.client_qps).unwrap_or(100.0),
             client_burst: args.client_burst.or(file.client_burst).unwrap_or(200),
             leader_election,
@@ -457,6 +487,51 @@ profiles:
                 .any(|p| p.name == "ImageLocality"),
             "the profile comes from the file"
         );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_own_file_takes_a_profile_with_plugins_and_their_arguments() {
+        let dir = std::env::temp_dir().join(format!("run-profile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.yaml");
+        std::fs::write(
+            &path,
+            "profile:
+  plugins:
+    score:
+      disabled: [{name: DevicePacking}]
+  pluginConfig:
+  - name: NodeResourcesFit
+    args: {scoringStrategy: {type: MostAllocated}}
+",
+        )
+        .unwrap();
+        let config = Config::resolve(RunArgs {
+            config: Some(path.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        let packing = config
+            .profile
+            .plugins
+            .iter()
+            .find(|p| p.name == "DevicePacking");
+        assert!(
+            packing.is_none(),
+            "a score-only plugin disabled at score is gone"
+        );
+        assert_eq!(
+            config.profile.args.node_resources_fit.strategy,
+            dra_engine::plugins::node_resources_fit::Strategy::MostAllocated
+        );
+        std::fs::write(&path, "scoring: {leastAllocated: 1}\nprofile: {}\n").unwrap();
+        let err = Config::resolve(RunArgs {
+            config: Some(path),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(err, "scoring and profile: set the weights in one of them");
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

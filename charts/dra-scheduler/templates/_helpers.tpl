@@ -116,6 +116,9 @@ The scheduler's config file (config.yaml). Keys are exactly those `dra-scheduler
 {{- if not (has .Values.config.logFormat (list "text" "json")) }}
 {{- fail (printf "config.logFormat must be text or json, not %q" .Values.config.logFormat) }}
 {{- end }}
+{{- if and .Values.config.scoring .Values.config.profile }}
+{{- fail "config.scoring and config.profile: set the weights in one of them" }}
+{{- end }}
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
 {{- fail "replicaCount > 1 needs leaderElection.enabled: replicas without a leader would schedule the same pods twice" }}
 {{- end -}}
@@ -129,6 +132,10 @@ clientBurst: {{ int .Values.config.clientBurst }}
 filterTimeoutSeconds: {{ .Values.config.filterTimeoutSeconds }}
 {{- with .Values.config.scoring }}
 scoring:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.config.profile }}
+profile:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 leaderElection:
