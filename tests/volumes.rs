@@ -7,7 +7,6 @@
 //! - `simulate` gives the same nodes on the same manifests.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 
 use dra_scheduler::simulate;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
@@ -16,48 +15,6 @@ use test_cluster::{TestCluster, eventually};
 
 mod common;
 use common::{apply, node_of, start_scheduler_with};
-
-/// kube-controller-manager's PV binder alone, for clusters whose controller manager does
-/// not run it; stopped when dropped.
-struct PvController(Option<Child>);
-
-impl Drop for PvController {
-    fn drop(&mut self) {
-        if let Some(child) = self.0.as_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn pv_controller(cluster: &TestCluster) -> PvController {
-    let script = test_cluster::repo_root().join("tests/cluster/cluster.sh");
-    let runs_it = std::fs::read_to_string(script)
-        .is_ok_and(|s| s.contains("persistentvolume-binder-controller"));
-    if runs_it {
-        return PvController(None);
-    }
-    let log = std::fs::File::create(cluster.dir().join("pv-controller.log")).unwrap();
-    let child = Command::new(cluster.binary("kube-controller-manager"))
-        .arg("--kubeconfig")
-        .arg(cluster.kubeconfig_path())
-        .args([
-            "--controllers",
-            "persistentvolume-binder-controller",
-            "--use-service-account-credentials=false",
-            "--leader-elect=false",
-            "--bind-address",
-            "127.0.0.1",
-            "--secure-port",
-            "0",
-        ])
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("start the PV controller");
-    PvController(Some(child))
-}
 
 fn data(name: &str) -> String {
     format!("tests/data/volumes/{name}")
@@ -80,7 +37,6 @@ fn simulated(name: &str, pod: &str) -> Option<String> {
 async fn volumes_decide_where_pods_go_and_our_prebind_binds_local_volumes() {
     let cluster = TestCluster::dedicated();
     let client = cluster.client().await;
-    let _pv_controller = pv_controller(&cluster);
     let _scheduler = start_scheduler_with(&cluster, &[]);
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");

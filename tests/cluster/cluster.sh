@@ -63,6 +63,7 @@ KCM_CONTROLLERS=(
   resourceclaim-controller device-taint-eviction-controller
   deployment-controller replicaset-controller statefulset-controller job-controller
   garbage-collector-controller namespace-controller
+  persistentvolume-binder-controller
   serviceaccount-controller serviceaccount-token-controller
   root-ca-certificate-publisher-controller
 )
