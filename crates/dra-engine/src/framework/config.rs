@@ -10,7 +10,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::{Point, Profile};
-use crate::plugins::{self, node_resources_fit};
+use k8s_openapi::api::core::v1::TopologySpreadConstraint;
+
+use crate::plugins::{self, node_resources_fit, pod_topology_spread};
 
 /// What a profile of the file sets.
 #[derive(Clone, Debug, PartialEq)]
@@ -258,6 +260,39 @@ fn apply_plugin_config(config: &mut ProfileConfig, entry: &Value, path: &str) ->
             ])?;
             plugin_args.node_resources_fit = fit_args(args_object, &here)?;
         }
+        "InterPodAffinity" => {
+            fields(&[
+                "hardPodAffinityWeight",
+                "ignorePreferredTermsOfExistingPods",
+            ])?;
+            let ipa = &mut plugin_args.inter_pod_affinity;
+            if let Some(w) = args_object.get("hardPodAffinityWeight") {
+                ipa.hard_pod_affinity_weight = match w.as_i64() {
+                    Some(w) if (0..=100).contains(&w) => w as i32,
+                    _ => {
+                        return Err(format!(
+                            "{here}.hardPodAffinityWeight: must be a whole number from 0 to 100"
+                        ));
+                    }
+                };
+            }
+            if let Some(v) = args_object.get("ignorePreferredTermsOfExistingPods") {
+                ipa.ignore_preferred_terms_of_existing_pods = v.as_bool().ok_or_else(|| {
+                    format!("{here}.ignorePreferredTermsOfExistingPods: must be true or false")
+                })?;
+            }
+        }
+        "PodTopologySpread" => {
+            fields(&["defaultConstraints", "defaultingType"])?;
+            plugin_args.pod_topology_spread = spread_args(args_object, &here)?;
+        }
+        "NodeResourcesBalancedAllocation" => {
+            fields(&["resources"])?;
+            if let Some(r) = args_object.get("resources") {
+                plugin_args.balanced_allocation.resources =
+                    resource_weights(r, &format!("{here}.resources"))?;
+            }
+        }
         "DynamicResources" => {
             fields(&["filterTimeout"])?;
             if let Some(t) = args_object.get("filterTimeout") {
@@ -321,6 +356,55 @@ fn fit_args(args: &serde_json::Map<String, Value>, path: &str) -> Result<node_re
         other => return Err(format!("{here}.type: unknown strategy {other:?}")),
     };
     Ok(fit)
+}
+
+fn spread_args(
+    args: &serde_json::Map<String, Value>,
+    path: &str,
+) -> Result<pod_topology_spread::Args> {
+    use pod_topology_spread::DefaultingType;
+    let defaulting_type = match args.get("defaultingType").map(Value::as_str) {
+        None | Some(Some("System")) => DefaultingType::System,
+        Some(Some("List")) => DefaultingType::List,
+        _ => return Err(format!("{path}.defaultingType: must be System or List")),
+    };
+    let here = format!("{path}.defaultConstraints");
+    let constraints: Vec<TopologySpreadConstraint> = match args.get("defaultConstraints") {
+        None => Vec::new(),
+        Some(v) => serde_json::from_value(v.clone()).map_err(|e| format!("{here}: {e}"))?,
+    };
+    if defaulting_type == DefaultingType::System && !constraints.is_empty() {
+        return Err(format!(
+            "{here}: must be empty when defaultingType is System"
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for (i, c) in constraints.iter().enumerate() {
+        let at = format!("{here}[{i}]");
+        if c.label_selector.is_some() {
+            return Err(format!(
+                "{at}.labelSelector: not allowed in default constraints"
+            ));
+        }
+        if c.max_skew <= 0 {
+            return Err(format!("{at}.maxSkew: must be greater than 0"));
+        }
+        if c.topology_key.is_empty() {
+            return Err(format!("{at}.topologyKey: required"));
+        }
+        if !["DoNotSchedule", "ScheduleAnyway"].contains(&c.when_unsatisfiable.as_str()) {
+            return Err(format!(
+                "{at}.whenUnsatisfiable: must be DoNotSchedule or ScheduleAnyway"
+            ));
+        }
+        if !seen.insert((c.topology_key.clone(), c.when_unsatisfiable.clone())) {
+            return Err(format!("{at}: duplicate topologyKey and whenUnsatisfiable"));
+        }
+    }
+    Ok(pod_topology_spread::Args {
+        default_constraints: constraints,
+        defaulting_type,
+    })
 }
 
 fn resource_weights(value: &Value, path: &str) -> Result<Vec<(String, i64)>> {
@@ -501,6 +585,38 @@ mod tests {
         assert_eq!(
             err(json!({"frameworkOutOfTreeRegistry": {}})),
             "profiles[0].frameworkOutOfTreeRegistry: unknown field"
+        );
+    }
+
+    #[test]
+    fn affinity_and_spread_arguments() {
+        let config = profile_config(
+            &json!({"pluginConfig": [
+                {"name": "InterPodAffinity", "args": {"hardPodAffinityWeight": 5}},
+                {"name": "PodTopologySpread", "args": {"defaultingType": "List",
+                    "defaultConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                            "whenUnsatisfiable": "ScheduleAnyway"}]}}
+            ]}),
+            "profiles[0]",
+        )
+        .unwrap();
+        let args = &config.profile.args;
+        assert_eq!(args.inter_pod_affinity.hard_pod_affinity_weight, 5);
+        assert_eq!(
+            args.pod_topology_spread.defaulting_type,
+            pod_topology_spread::DefaultingType::List
+        );
+        assert_eq!(args.pod_topology_spread.default_constraints.len(), 1);
+        let err = profile_config(
+            &json!({"pluginConfig": [{"name": "PodTopologySpread", "args": {
+                "defaultConstraints": [{"maxSkew": 1, "topologyKey": "zone",
+                                        "whenUnsatisfiable": "ScheduleAnyway"}]}}]}),
+            "profiles[0]",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            "profiles[0].pluginConfig[0].args.defaultConstraints: must be empty when defaultingType is System"
         );
     }
 
