@@ -1,22 +1,27 @@
-//! `dra-scheduler run`: the live scheduler. Informers feed the engine's state (one
-//! writer at a time: this loop, or the scheduling worker while an attempt runs); pending
-//! pods of ours go through the scheduling queue and the engine; each attempt runs on a
-//! blocking worker thread with the engine handed to it, so informer events, binding
-//! results and the health endpoints keep flowing while a search runs (events that need
-//! the engine wait for it in arrival order); each decision is assumed at once and written
-//! by an asynchronous binding task ([`binder`]), at most `maxConcurrentBinds` at a time; a
-//! failed write is undone and the pod backs off. Every write passes the leader fence
-//! ([`leader::Fence`]).
+//! `dra-scheduler run`: the live scheduler, a `Daemon` whose loop hands each event to the
+//! method for its kind (an informer's change, a finished attempt or long search, a finished
+//! binding, a leadership change, the tick, shutdown).
+//!
+//! Informers feed the engine's state (one writer at a time: this loop, or the scheduling
+//! worker while an attempt runs); pending pods of ours go through the scheduling queue and
+//! the engine; each attempt runs on a blocking worker thread with the engine handed to it,
+//! so informer events, binding results and the health endpoints keep flowing while a search
+//! runs (events that need the engine wait for it in arrival order); each decision is
+//! assumed at once and written by an asynchronous binding task ([`binder`]), at most
+//! `maxConcurrentBinds` at a time; a failed write is undone and the pod backs off. Every
+//! write passes the leader fence ([`leader::Fence`]).
 
 pub mod binder;
 pub mod config;
 pub mod health;
+pub mod kube_config;
 pub mod leader;
 pub mod metrics;
 pub mod queue;
+mod storage;
 pub mod throttle;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,6 +70,8 @@ enum Change {
     Class(Event<DeviceClass>),
     Slice(Event<ResourceSlice>),
     TaintRule(Event<DeviceTaintRule>),
+    /// PersistentVolumeClaims, PersistentVolumes, StorageClasses, CSINodes, CSIDrivers.
+    Storage(storage::Change),
     /// A watch failed; the stream backs off and re-lists by itself.
     WatchError(&'static str, String),
 }
@@ -87,6 +94,22 @@ where
             Err(e) => Change::WatchError(kind, e.to_string()),
         })
         .boxed()
+}
+
+/// One stream of every kind's changes; each kind re-lists by itself after a failure.
+fn watch_all(client: &Client) -> SelectAll<BoxStream<'static, Change>> {
+    futures::stream::select_all(
+        [
+            watch(client, "Node", Change::Node),
+            watch(client, "Pod", Change::Pod),
+            watch(client, "ResourceClaim", Change::Claim),
+            watch(client, "DeviceClass", Change::Class),
+            watch(client, "ResourceSlice", Change::Slice),
+            watch(client, "DeviceTaintRule", Change::TaintRule),
+        ]
+        .into_iter()
+        .chain(storage::watches(client)),
+    )
 }
 
 fn pod_priority(pod: &Pod) -> i32 {
@@ -341,7 +364,6 @@ impl<T: Send + 'static> Running<T> {
         self.cancel.store(true, Ordering::Relaxed);
     }
 }
-
 /// Why the loop ended.
 enum Ending {
     Shutdown,
@@ -351,23 +373,563 @@ enum Ending {
 /// Run the scheduler until SIGTERM or Ctrl-C.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let client = client_for(&config).await?;
-    let mut candidate = config
+    let candidate = config
         .leader_election
         .as_ref()
         .map(|le| Candidate::new(client.clone(), le, identity()));
     let fence = candidate
         .as_ref()
         .map_or_else(|| Arc::new(Fence::open()), Candidate::fence);
-    let metrics = Arc::new(
-        Metrics::new()?
-            .with_throttle(throttle::Throttle::new(
-                config.client_qps,
-                config.client_burst,
-            ))
-            .with_fence(fence.clone()),
-    );
-    let ready = Arc::new(AtomicBool::new(false));
-    let health = Arc::new(Health::new(config.filter_timeout));
+    let (done_tx, done_rx) = mpsc::unbounded_channel::<Done>();
+    let mut daemon = Daemon::new(&config, client, fence, done_tx).await?;
+    // Leader election: every replica keeps its caches warm; only the leader takes pods
+    // from the queue, and only while its fence is open. A standby that takes over has
+    // never assumed anything, so its state is what the API server says (claim status is
+    // the source of truth).
+    daemon.leading = candidate.is_none();
+    let (election, leader) = Election::start(candidate, &config);
+    daemon.metrics.leader.set(i64::from(daemon.leading));
+    let mut events = Events {
+        changes: watch_all(&daemon.client),
+        done: done_rx,
+        leader,
+        tick: tokio::time::interval(Duration::from_millis(200)),
+        shutdown: Box::pin(shutdown_signal()),
+    };
+    let ending = daemon.serve(&mut events).await?;
+    daemon.stop(ending, election).await
+}
+
+/// Where the daemon's events come from, apart from its own workers.
+struct Events {
+    changes: SelectAll<BoxStream<'static, Change>>,
+    /// Binding tasks' reports.
+    done: mpsc::UnboundedReceiver<Done>,
+    /// Leadership changes; `None` when leader election is off.
+    leader: Option<signal::Receiver<bool>>,
+    tick: tokio::time::Interval,
+    shutdown: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+}
+
+/// The leader election task, when leader election is on.
+struct Election {
+    stop: signal::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Election {
+    /// Campaigns for the Lease when there is a candidate; the receiver says whether this
+    /// replica leads.
+    fn start(
+        candidate: Option<Candidate>,
+        config: &Config,
+    ) -> (Election, Option<signal::Receiver<bool>>) {
+        let (stop, stop_rx) = signal::channel(false);
+        let Some(candidate) = candidate else {
+            return (Election { stop, task: None }, None);
+        };
+        let le = config
+            .leader_election
+            .as_ref()
+            .expect("a candidate has its settings");
+        tracing::info!(lease = %format!("{}/{}", le.lease_namespace, le.lease_name), "waiting to become the leader");
+        let (tx, rx) = signal::channel(false);
+        let task = tokio::spawn(candidate.run(tx, stop_rx));
+        (
+            Election {
+                stop,
+                task: Some(task),
+            },
+            Some(rx),
+        )
+    }
+
+    /// The election task releases the Lease (if still held), so a standby takes over at once.
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        if let Some(task) = self.task {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+    }
+}
+
+/// The live scheduler between two events: the engine (here, or with the worker while an
+/// attempt runs), the queue, what is in flight, and the handles it writes through. The loop
+/// in [`Daemon::serve`] waits for the next event and hands it to the method for its kind;
+/// each method decides what to do and starts any write as a task of its own.
+struct Daemon {
+    client: Client,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    ready: Arc<AtomicBool>,
+    fence: Arc<Fence>,
+    /// The engine is here, or with the worker while an attempt runs.
+    engine: Option<Engine>,
+    running: Option<Running<Attempt>>,
+    /// The long-search lane: one search at a time, the others wait with their forks.
+    long: Option<Running<LongSearch>>,
+    long_waiting: VecDeque<(ObjectKey, Engine)>,
+    /// Changes that arrived while the engine was with the worker, in arrival order.
+    deferred: Vec<Change>,
+    queue: SchedulingQueue,
+    book: Bookkeeping,
+    user: Tell,
+    informers: Informers,
+    leading: bool,
+    done: mpsc::UnboundedSender<Done>,
+    binds: Arc<Semaphore>,
+    max_concurrent_binds: usize,
+}
+
+/// The engine, which is here between attempts (the callers' guards check it).
+fn here(engine: &mut Option<Engine>) -> &mut Engine {
+    engine
+        .as_mut()
+        .expect("the engine is here between attempts")
+}
+
+impl Daemon {
+    async fn new(
+        config: &Config,
+        client: Client,
+        fence: Arc<Fence>,
+        done: mpsc::UnboundedSender<Done>,
+    ) -> anyhow::Result<Daemon> {
+        let metrics = Arc::new(
+            Metrics::new()?
+                .with_throttle(throttle::Throttle::new(
+                    config.client_qps,
+                    config.client_burst,
+                ))
+                .with_fence(fence.clone()),
+        );
+        let ready = Arc::new(AtomicBool::new(false));
+        let health = Arc::new(Health::new(config.filter_timeout));
+        serve_endpoints(config, &metrics, &ready, &health).await?;
+        let user = Tell {
+            client: client.clone(),
+            metrics: metrics.clone(),
+            recorder: Arc::new(recorder(&client, config)),
+            told: HashMap::new(),
+        };
+        Ok(Daemon {
+            engine: Some(engine_for(config)),
+            running: None,
+            long: None,
+            long_waiting: VecDeque::new(),
+            deferred: Vec::new(),
+            queue: SchedulingQueue::default(),
+            book: Bookkeeping::default(),
+            informers: Informers::default(),
+            leading: false,
+            binds: Arc::new(Semaphore::new(config.max_concurrent_binds.max(1))),
+            max_concurrent_binds: config.max_concurrent_binds,
+            client,
+            metrics,
+            health,
+            ready,
+            fence,
+            user,
+            done,
+        })
+    }
+
+    /// Waits for events and handles each, until the scheduler should stop.
+    async fn serve(&mut self, events: &mut Events) -> anyhow::Result<Ending> {
+        loop {
+            let ending = tokio::select! {
+                Some(change) = events.changes.next() => { self.on_change(change); None }
+                Some(done) = events.done.recv(), if self.engine.is_some() => {
+                    self.on_binding_done(done);
+                    None
+                }
+                finished = joined(&mut self.running), if self.running.is_some() => {
+                    self.on_attempt_finished(finished)?;
+                    None
+                }
+                finished = joined(&mut self.long), if self.long.is_some() && self.engine.is_some() => {
+                    self.on_long_search_finished(finished)?;
+                    None
+                }
+                change = leadership_change(&mut events.leader) => self.on_leadership(change)?,
+                _ = events.tick.tick() => { self.on_tick(); None }
+                _ = &mut events.shutdown => {
+                    tracing::info!("shutting down: no new pods; waiting for bindings in flight");
+                    Some(Ending::Shutdown)
+                }
+            };
+            if let Some(ending) = ending.or_else(|| self.after_event()) {
+                return Ok(ending);
+            }
+        }
+    }
+
+    /// After every event: the health beat, the fence, and new work for idle lanes.
+    fn after_event(&mut self) -> Option<Ending> {
+        let now = Instant::now();
+        self.health.beat(now);
+        // Whatever the election task believes: no renewal within the deadline, no leading.
+        if self.leading && !self.fence.may_schedule(now) {
+            return Some(Ending::LostLease);
+        }
+        if self.informers.synced.len() < KINDS.len() + storage::KINDS.len() {
+            return None;
+        }
+        self.ready.store(true, Ordering::Relaxed);
+        if !self.leading {
+            return None;
+        }
+        self.start_long_search(now);
+        self.start_attempt(now);
+        if self.user.told.len() > 64 && self.user.told.len() > 2 * self.queue.len() {
+            self.user.told.retain(|pod, _| self.queue.contains(pod));
+        }
+        self.metrics.set_pending(self.queue.lengths());
+        None
+    }
+
+    /// A change from an informer: applied now, or once the engine is back from the worker.
+    fn on_change(&mut self, change: Change) {
+        match self.engine.as_mut() {
+            Some(engine) => apply(
+                engine,
+                &mut self.queue,
+                &mut self.book,
+                &mut self.informers,
+                change,
+            ),
+            None => self.deferred.push(change),
+        }
+    }
+
+    /// The worker is done with a pod: take its decision (or send the pod to the long-search
+    /// lane), then the changes that waited for the engine.
+    fn on_attempt_finished(
+        &mut self,
+        finished: Result<Attempt, tokio::task::JoinError>,
+    ) -> anyhow::Result<()> {
+        self.running = None;
+        self.health.attempt_finished(Lane::Main, Instant::now());
+        let attempt = finished.context("the scheduling worker was lost")?;
+        self.engine = Some(attempt.engine);
+        if let Some(fork) = attempt.fork {
+            tracing::info!(pod = %attempt.key, "the first try ran out of time: searching with the whole budget while other pods go on");
+            self.long_waiting.push_back((attempt.key, fork));
+        } else if self.leading {
+            self.decided(attempt.key, attempt.decision, attempt.elapsed);
+        } else {
+            self.queue.backoff(&attempt.key, Instant::now());
+        }
+        for change in std::mem::take(&mut self.deferred) {
+            self.on_change(change);
+        }
+        Ok(())
+    }
+
+    fn on_long_search_finished(
+        &mut self,
+        finished: Result<LongSearch, tokio::task::JoinError>,
+    ) -> anyhow::Result<()> {
+        self.long = None;
+        self.health.attempt_finished(Lane::Long, Instant::now());
+        let search = finished.context("the long-search lane was lost")?;
+        if self.leading {
+            self.decided_on_fork(search);
+        } else {
+            self.queue.backoff(&search.key, Instant::now());
+        }
+        Ok(())
+    }
+
+    fn on_leadership(&mut self, change: Option<bool>) -> anyhow::Result<Option<Ending>> {
+        match change {
+            Some(true) if !self.leading => {
+                tracing::info!("became the leader: scheduling");
+                self.leading = true;
+                self.metrics.leader.set(1);
+            }
+            Some(true) => {}
+            Some(false) | None if self.leading => return Ok(Some(Ending::LostLease)),
+            Some(false) => {}
+            None => anyhow::bail!("leader election stopped"),
+        }
+        Ok(None)
+    }
+
+    fn on_tick(&mut self) {
+        let now = Instant::now();
+        self.queue.flush_backoff(now);
+        self.queue.flush_unschedulable(now);
+        // A claim that has not appeared for a while is worth telling the user about.
+        if let Some(engine) = self.engine.as_ref() {
+            for pod in self.queue.overdue_gated(now, GATED_REPORT_AFTER) {
+                if let Some(message) = engine.claims_missing(&pod) {
+                    let uid = engine
+                        .state()
+                        .pods
+                        .get(&pod)
+                        .and_then(|p| p.metadata.uid.clone());
+                    self.user.failed(pod, uid, message);
+                }
+            }
+        }
+    }
+
+    fn start_long_search(&mut self, now: Instant) {
+        if self.long.is_none()
+            && let Some((key, fork)) = self.long_waiting.pop_front()
+        {
+            self.health.attempt_started(Lane::Long, now);
+            self.long = Some(Running::spawn(move |cancel| {
+                run_long_search(fork, key, cancel)
+            }));
+        }
+    }
+
+    /// Hands the engine to the worker with the next pod, when the worker is idle.
+    fn start_attempt(&mut self, now: Instant) {
+        if self.running.is_some() {
+            return;
+        }
+        let Some(engine) = self.engine.take() else {
+            return;
+        };
+        match next_pod(&engine, &mut self.queue, &self.book) {
+            Some(key) => {
+                self.health.attempt_started(Lane::Main, now);
+                self.running = Some(Running::spawn(move |cancel| {
+                    run_attempt(engine, key, cancel)
+                }));
+            }
+            None => self.engine = Some(engine),
+        }
+    }
+
+    /// Take a decision made by the worker (the engine is back).
+    fn decided(&mut self, key: ObjectKey, decision: Decision, elapsed: f64) {
+        let engine = here(&mut self.engine);
+        self.metrics
+            .search_steps
+            .observe(engine.last_search_steps() as f64);
+        let uid = engine
+            .state()
+            .pods
+            .get(&key)
+            .and_then(|p| p.metadata.uid.clone());
+        let result = match &decision {
+            Decision::Scheduled(_) => "scheduled",
+            Decision::Unschedulable { .. } | Decision::OutOfTime { .. } => "unschedulable",
+            Decision::Error { .. } => "error",
+        };
+        self.metrics
+            .attempts
+            .with_label_values(&[result])
+            .observe(elapsed);
+        match decision {
+            Decision::Scheduled(placement) => self.scheduled(key, placement, elapsed),
+            Decision::Unschedulable { pod, message, .. } | Decision::OutOfTime { pod, message } => {
+                self.unschedulable(pod, uid, message)
+            }
+            Decision::Error { pod, message } => {
+                self.queue.backoff(&pod, Instant::now());
+                self.user.failed(pod, uid, message);
+            }
+        }
+    }
+
+    /// Assume the placement and start writing it.
+    fn scheduled(&mut self, key: ObjectKey, placement: Placement, elapsed: f64) {
+        for _ in placement.claims.iter().filter(|c| c.allocation.is_some()) {
+            self.metrics.allocation_latency.observe(elapsed);
+        }
+        here(&mut self.engine).assume(&placement);
+        self.book.in_flight.insert(key.clone(), placement.clone());
+        self.metrics.in_flight.set(self.book.in_flight.len() as i64);
+        let added = self.queue.added_at(&key);
+        let (client, done, binds, metrics) = (
+            self.client.clone(),
+            self.done.clone(),
+            self.binds.clone(),
+            self.metrics.clone(),
+        );
+        tokio::spawn(async move {
+            let _permit = binds.acquire_owned().await;
+            let started = Instant::now();
+            let result = binder::bind(&client, &metrics, &placement).await;
+            metrics
+                .bind_latency
+                .with_label_values(&[if result.is_ok() { "ok" } else { "error" }])
+                .observe(started.elapsed().as_secs_f64());
+            let _ = done.send((placement, added, result));
+        });
+    }
+
+    fn unschedulable(&mut self, pod: ObjectKey, uid: Option<String>, message: String) {
+        self.queue.unschedulable(&pod, Instant::now());
+        // A claim allocated for this pod that keeps it where it cannot go (e.g. allocated
+        // before a restart) is given back; the claim's update then retries the pod.
+        if let (Some(claim), Some(uid)) = (here(&mut self.engine).claim_to_release(&pod), &uid) {
+            self.release_claim(pod.clone(), claim, uid.clone());
+        }
+        self.user.failed(pod, uid, message);
+    }
+
+    fn release_claim(&self, pod: ObjectKey, claim: ObjectKey, uid: String) {
+        let (client, metrics) = (self.client.clone(), self.metrics.clone());
+        tokio::spawn(async move {
+            match binder::release_claim(&client, &metrics, &claim, &uid).await {
+                Ok(true) => {
+                    tracing::info!(%pod, %claim, "deallocated the claim of an unschedulable pod")
+                }
+                Ok(false) => {}
+                Err(message) => {
+                    tracing::warn!(%pod, %claim, %message, "could not deallocate")
+                }
+            }
+        });
+    }
+
+    /// Take a decision made on a fork: a placement only if it still holds on the engine,
+    /// "nothing fits" then retried soon if anything changed meanwhile.
+    fn decided_on_fork(&mut self, search: LongSearch) {
+        let LongSearch {
+            key,
+            decision,
+            elapsed,
+            forked_at,
+        } = search;
+        let engine = here(&mut self.engine);
+        if let Decision::Scheduled(placement) = &decision
+            && let Err(why) = engine.admit(placement, forked_at)
+        {
+            tracing::info!(pod = %key, %why, "a placement found on a fork no longer holds; trying again");
+            self.queue.backoff(&key, Instant::now());
+            return;
+        }
+        let stale = engine.changed_since(forked_at);
+        let unplaced = !matches!(decision, Decision::Scheduled(_));
+        self.decided(key.clone(), decision, elapsed);
+        if unplaced && stale {
+            // An event that could help came while the pod was away from the queue.
+            self.queue.backoff(&key, Instant::now());
+        }
+    }
+
+    /// A binding task finished.
+    fn on_binding_done(&mut self, (placement, added, result): Done) {
+        self.book.in_flight.remove(&placement.pod);
+        self.metrics.in_flight.set(self.book.in_flight.len() as i64);
+        match result {
+            Ok(stored) => self.bound(placement, added, stored),
+            Err(failure) => self.binding_failed(placement, failure),
+        }
+    }
+
+    fn bound(&mut self, placement: Placement, added: Option<Instant>, stored: Vec<ResourceClaim>) {
+        let engine = here(&mut self.engine);
+        // What the API server stored is newer than anything the informers have shown;
+        // late events cannot undo it.
+        for claim in stored {
+            engine.upsert_claim(claim);
+        }
+        engine.reassert(&placement);
+        self.book
+            .confirming
+            .insert(placement.pod.clone(), placement.clone());
+        if let Some(added) = added {
+            self.metrics
+                .pod_scheduling
+                .observe(added.elapsed().as_secs_f64());
+        }
+        self.queue.remove(&placement.pod);
+        self.user
+            .scheduled(placement.pod, placement.pod_uid, placement.node);
+    }
+
+    fn binding_failed(&mut self, placement: Placement, failure: binder::BindFailure) {
+        let engine = here(&mut self.engine);
+        if failure.unwound {
+            tracing::warn!(pod = %placement.pod, message = %failure.message, "binding failed; undone, backing off");
+            engine.forget(&placement);
+        } else {
+            // The claims may still hold the devices: keep them taken, free only the pod;
+            // the informers bring the claims' truth.
+            tracing::warn!(pod = %placement.pod, message = %failure.message, "binding failed and could not be undone; its devices stay taken");
+            engine.forget_pod(&placement);
+        }
+        self.queue.backoff(&placement.pod, Instant::now());
+        // What it had assumed is free again.
+        self.queue.cluster_changed();
+        self.user
+            .failed(placement.pod, placement.pod_uid, failure.message);
+    }
+
+    /// Stop: no new attempt; the one running is cancelled; bindings in flight finish or
+    /// undo themselves while the fence still lets them write.
+    async fn stop(self, ending: Ending, election: Election) -> anyhow::Result<()> {
+        self.ready.store(false, Ordering::Relaxed);
+        if let Some(running) = &self.running {
+            running.cancel();
+        }
+        if let Some(long) = &self.long {
+            long.cancel();
+        }
+        if matches!(ending, Ending::LostLease) {
+            self.metrics.leader.set(0);
+            tracing::error!(
+                "the leader Lease was not renewed within the renew deadline: stopped scheduling; letting bindings in flight settle, then exiting"
+            );
+        }
+        let all = u32::try_from(self.max_concurrent_binds.max(1)).unwrap_or(u32::MAX);
+        let settle = async {
+            let _ = self.binds.acquire_many(all).await;
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(30), settle).await;
+        election.stop().await;
+        match ending {
+            Ending::Shutdown => Ok(()),
+            Ending::LostLease => anyhow::bail!(
+                "lost the leader Lease; exiting so that a restart rebuilds from the API server"
+            ),
+        }
+    }
+}
+
+/// The result of a lane's work; the caller's guard checks that there is some.
+async fn joined<T>(lane: &mut Option<Running<T>>) -> Result<T, tokio::task::JoinError> {
+    (&mut lane.as_mut().expect("guarded").task).await
+}
+
+fn engine_for(config: &Config) -> Engine {
+    Engine::new(
+        EngineConfig {
+            scheduler_name: config.scheduler_name.clone(),
+            percentage_of_nodes_to_score: config.percentage_of_nodes_to_score,
+            profile: config.profile.clone(),
+            filter_timeout: config.filter_timeout,
+            ..Default::default()
+        },
+        ClusterInput::default(),
+    )
+}
+
+fn recorder(client: &Client, config: &Config) -> Recorder {
+    Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: config.scheduler_name.clone(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    )
+}
+
+/// /metrics, /healthz and /readyz, served from a task of their own.
+async fn serve_endpoints(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    ready: &Arc<AtomicBool>,
+    health: &Arc<Health>,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&config.metrics_bind_address)
         .await
         .with_context(|| format!("listen on {}", config.metrics_bind_address))?;
@@ -378,214 +940,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ready.clone(),
         health.clone(),
     ));
-
-    // The engine is here, or with the worker while an attempt runs.
-    let mut engine = Some(Engine::new(
-        EngineConfig {
-            scheduler_name: config.scheduler_name.clone(),
-            percentage_of_nodes_to_score: config.percentage_of_nodes_to_score,
-            weights: config.scoring.clone(),
-            filter_timeout: config.filter_timeout,
-            ..Default::default()
-        },
-        ClusterInput::default(),
-    ));
-    let mut running: Option<Running<Attempt>> = None;
-    // The long-search lane: one search at a time, the others wait with their forks.
-    let mut long: Option<Running<LongSearch>> = None;
-    let mut long_waiting: std::collections::VecDeque<(ObjectKey, Engine)> = Default::default();
-    // Changes that arrived while the engine was with the worker, in arrival order.
-    let mut deferred: Vec<Change> = Vec::new();
-    let mut queue = SchedulingQueue::default();
-    let mut changes: SelectAll<BoxStream<'static, Change>> = futures::stream::select_all([
-        watch(&client, "Node", Change::Node),
-        watch(&client, "Pod", Change::Pod),
-        watch(&client, "ResourceClaim", Change::Claim),
-        watch(&client, "DeviceClass", Change::Class),
-        watch(&client, "ResourceSlice", Change::Slice),
-        watch(&client, "DeviceTaintRule", Change::TaintRule),
-    ]);
-    let recorder = Arc::new(Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: config.scheduler_name.clone(),
-            instance: std::env::var("POD_NAME").ok(),
-        },
-    ));
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
-    let binds = Arc::new(Semaphore::new(config.max_concurrent_binds.max(1)));
-    let mut book = Bookkeeping::default();
-    let mut user = Tell {
-        client: client.clone(),
-        metrics: metrics.clone(),
-        recorder: recorder.clone(),
-        told: HashMap::new(),
-    };
-
-    // Leader election: every replica keeps its caches warm; only the leader takes pods
-    // from the queue, and only while its fence is open. A standby that takes over has
-    // never assumed anything, so its state is what the API server says (claim status is
-    // the source of truth).
-    let mut leading = candidate.is_none();
-    let mut leader_rx = None;
-    let (stop_election, stop_rx) = signal::channel(false);
-    let mut election = None;
-    if let Some(candidate) = candidate.take() {
-        let le = config
-            .leader_election
-            .as_ref()
-            .expect("a candidate has its settings");
-        tracing::info!(lease = %format!("{}/{}", le.lease_namespace, le.lease_name), "waiting to become the leader");
-        let (tx, rx) = signal::channel(false);
-        leader_rx = Some(rx);
-        election = Some(tokio::spawn(candidate.run(tx, stop_rx)));
-    }
-    metrics.leader.set(i64::from(leading));
-    let mut informers = Informers::default();
-    let mut tick = tokio::time::interval(Duration::from_millis(200));
-    let shutdown = shutdown_signal();
-    tokio::pin!(shutdown);
-
-    let ending = loop {
-        tokio::select! {
-            Some(change) = changes.next() => match engine.as_mut() {
-                Some(engine) => apply(engine, &mut queue, &mut book, &mut informers, change),
-                None => deferred.push(change),
-            },
-            Some(done) = done_rx.recv(), if engine.is_some() => {
-                let engine = engine.as_mut().expect("checked by the guard");
-                book.binding_done(engine, &mut queue, &metrics, &mut user, done);
-            }
-            finished = async { (&mut running.as_mut().expect("guarded").task).await }, if running.is_some() => {
-                running = None;
-                health.attempt_finished(Lane::Main, Instant::now());
-                let attempt = finished.context("the scheduling worker was lost")?;
-                let mut e = attempt.engine;
-                if let Some(fork) = attempt.fork {
-                    tracing::info!(pod = %attempt.key, "the first try ran out of time: searching with the whole budget while other pods go on");
-                    long_waiting.push_back((attempt.key, fork));
-                } else if leading {
-                    let ctx = Ctx { client: &client, metrics: &metrics, done: &done_tx, binds: &binds };
-                    book.decided(&mut e, &mut queue, &mut user, &ctx, attempt.key, attempt.decision, attempt.elapsed);
-                } else {
-                    queue.backoff(&attempt.key, Instant::now());
-                }
-                for change in deferred.drain(..) {
-                    apply(&mut e, &mut queue, &mut book, &mut informers, change);
-                }
-                engine = Some(e);
-            }
-            finished = async { (&mut long.as_mut().expect("guarded").task).await }, if long.is_some() && engine.is_some() => {
-                long = None;
-                health.attempt_finished(Lane::Long, Instant::now());
-                let search = finished.context("the long-search lane was lost")?;
-                let e = engine.as_mut().expect("checked by the guard");
-                if leading {
-                    let ctx = Ctx { client: &client, metrics: &metrics, done: &done_tx, binds: &binds };
-                    book.decided_on_fork(e, &mut queue, &mut user, &ctx, search);
-                } else {
-                    queue.backoff(&search.key, Instant::now());
-                }
-            }
-            change = leadership_change(&mut leader_rx) => match change {
-                Some(true) if !leading => {
-                    tracing::info!("became the leader: scheduling");
-                    leading = true;
-                    metrics.leader.set(1);
-                }
-                Some(true) => {}
-                Some(false) | None if leading => break Ending::LostLease,
-                Some(false) => {}
-                None => anyhow::bail!("leader election stopped"),
-            },
-            _ = tick.tick() => {
-                let now = Instant::now();
-                queue.flush_backoff(now);
-                queue.flush_unschedulable(now);
-                // A claim that has not appeared for a while is worth telling the user about.
-                if let Some(engine) = engine.as_ref() {
-                    for pod in queue.overdue_gated(now, GATED_REPORT_AFTER) {
-                        if let Some(message) = engine.claims_missing(&pod) {
-                            let uid = engine.state().pods.get(&pod).and_then(|p| p.metadata.uid.clone());
-                            user.failed(pod, uid, message);
-                        }
-                    }
-                }
-            }
-            _ = &mut shutdown => {
-                tracing::info!("shutting down: no new pods; waiting for bindings in flight");
-                break Ending::Shutdown;
-            }
-        }
-        let now = Instant::now();
-        health.beat(now);
-        // Whatever the election task believes: no renewal within the deadline, no leading.
-        if leading && !fence.may_schedule(now) {
-            break Ending::LostLease;
-        }
-        if informers.synced.len() < KINDS.len() {
-            continue;
-        }
-        ready.store(true, Ordering::Relaxed);
-        if !leading {
-            continue;
-        }
-        if long.is_none()
-            && let Some((key, fork)) = long_waiting.pop_front()
-        {
-            health.attempt_started(Lane::Long, now);
-            long = Some(Running::spawn(move |cancel| {
-                run_long_search(fork, key, cancel)
-            }));
-        }
-        if running.is_none()
-            && let Some(e) = engine.take()
-        {
-            match next_pod(&e, &mut queue, &book) {
-                Some(key) => {
-                    health.attempt_started(Lane::Main, now);
-                    running = Some(Running::spawn(move |cancel| run_attempt(e, key, cancel)));
-                }
-                None => engine = Some(e),
-            }
-        }
-        if user.told.len() > 64 && user.told.len() > 2 * queue.len() {
-            user.told.retain(|pod, _| queue.contains(pod));
-        }
-        metrics.set_pending(queue.lengths());
-    };
-
-    // Stop: no new attempt; the one running is cancelled; bindings in flight finish or
-    // undo themselves while the fence still lets them write.
-    ready.store(false, Ordering::Relaxed);
-    if let Some(running) = &running {
-        running.cancel();
-    }
-    if let Some(long) = &long {
-        long.cancel();
-    }
-    if matches!(ending, Ending::LostLease) {
-        metrics.leader.set(0);
-        tracing::error!(
-            "the leader Lease was not renewed within the renew deadline: stopped scheduling; letting bindings in flight settle, then exiting"
-        );
-    }
-    let all = u32::try_from(config.max_concurrent_binds.max(1)).unwrap_or(u32::MAX);
-    let settle = async {
-        let _ = binds.acquire_many(all).await;
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(30), settle).await;
-    // The election task releases the Lease (if still held), so a standby takes over at once.
-    let _ = stop_election.send(true);
-    if let Some(task) = election {
-        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
-    }
-    match ending {
-        Ending::Shutdown => Ok(()),
-        Ending::LostLease => anyhow::bail!(
-            "lost the leader Lease; exiting so that a restart rebuilds from the API server"
-        ),
-    }
+    Ok(())
 }
 
 /// A binding task's report: the placement, when its pod entered the queue, and the result.
@@ -594,14 +949,6 @@ type Done = (
     Option<Instant>,
     Result<Vec<ResourceClaim>, binder::BindFailure>,
 );
-
-/// What starting a binding needs.
-struct Ctx<'a> {
-    client: &'a Client,
-    metrics: &'a Arc<Metrics>,
-    done: &'a mpsc::UnboundedSender<Done>,
-    binds: &'a Arc<Semaphore>,
-}
 
 /// The next pod to try, if any; pods whose claims do not exist yet are gated on the way.
 fn next_pod(engine: &Engine, queue: &mut SchedulingQueue, book: &Bookkeeping) -> Option<ObjectKey> {
@@ -642,175 +989,10 @@ impl Bookkeeping {
     fn placements(&self) -> impl Iterator<Item = &Placement> {
         self.in_flight.values().chain(self.confirming.values())
     }
-
-    /// Take a decision made by the worker.
-    #[allow(clippy::too_many_arguments)]
-    fn decided(
-        &mut self,
-        engine: &mut Engine,
-        queue: &mut SchedulingQueue,
-        user: &mut Tell,
-        ctx: &Ctx<'_>,
-        key: ObjectKey,
-        decision: Decision,
-        elapsed: f64,
-    ) {
-        let metrics = ctx.metrics;
-        metrics
-            .search_steps
-            .observe(engine.last_search_steps() as f64);
-        let uid = engine
-            .state()
-            .pods
-            .get(&key)
-            .and_then(|p| p.metadata.uid.clone());
-        match decision {
-            Decision::Scheduled(placement) => {
-                metrics
-                    .attempts
-                    .with_label_values(&["scheduled"])
-                    .observe(elapsed);
-                for _ in placement.claims.iter().filter(|c| c.allocation.is_some()) {
-                    metrics.allocation_latency.observe(elapsed);
-                }
-                engine.assume(&placement);
-                self.in_flight.insert(key.clone(), placement.clone());
-                metrics.in_flight.set(self.in_flight.len() as i64);
-                let added = queue.added_at(&key);
-                let client = ctx.client.clone();
-                let done = ctx.done.clone();
-                let binds = ctx.binds.clone();
-                let metrics = metrics.clone();
-                tokio::spawn(async move {
-                    let _permit = binds.acquire_owned().await;
-                    let started = Instant::now();
-                    let result = binder::bind(&client, &metrics, &placement).await;
-                    metrics
-                        .bind_latency
-                        .with_label_values(&[if result.is_ok() { "ok" } else { "error" }])
-                        .observe(started.elapsed().as_secs_f64());
-                    let _ = done.send((placement, added, result));
-                });
-            }
-            Decision::Unschedulable { pod, message } | Decision::OutOfTime { pod, message } => {
-                metrics
-                    .attempts
-                    .with_label_values(&["unschedulable"])
-                    .observe(elapsed);
-                queue.unschedulable(&pod, Instant::now());
-                // A claim allocated for this pod that keeps it where it cannot go
-                // (e.g. allocated before a restart) is given back; the claim's update
-                // then retries the pod.
-                if let (Some(claim), Some(uid)) = (engine.claim_to_release(&pod), uid.clone()) {
-                    let client = ctx.client.clone();
-                    let metrics = metrics.clone();
-                    let pod = pod.clone();
-                    tokio::spawn(async move {
-                        match binder::release_claim(&client, &metrics, &claim, &uid).await {
-                            Ok(true) => {
-                                tracing::info!(%pod, %claim, "deallocated the claim of an unschedulable pod")
-                            }
-                            Ok(false) => {}
-                            Err(message) => {
-                                tracing::warn!(%pod, %claim, %message, "could not deallocate")
-                            }
-                        }
-                    });
-                }
-                user.failed(pod, uid, message);
-            }
-            Decision::Error { pod, message } => {
-                metrics
-                    .attempts
-                    .with_label_values(&["error"])
-                    .observe(elapsed);
-                queue.backoff(&pod, Instant::now());
-                user.failed(pod, uid, message);
-            }
-        }
-    }
-
-    /// Take a decision made on a fork: a placement only if it still holds on the engine,
-    /// "nothing fits" then retried soon if anything changed meanwhile.
-    fn decided_on_fork(
-        &mut self,
-        engine: &mut Engine,
-        queue: &mut SchedulingQueue,
-        user: &mut Tell,
-        ctx: &Ctx<'_>,
-        search: LongSearch,
-    ) {
-        let LongSearch {
-            key,
-            decision,
-            elapsed,
-            forked_at,
-        } = search;
-        if let Decision::Scheduled(placement) = &decision
-            && let Err(why) = engine.admit(placement, forked_at)
-        {
-            tracing::info!(pod = %key, %why, "a placement found on a fork no longer holds; trying again");
-            queue.backoff(&key, Instant::now());
-            return;
-        }
-        let stale = engine.changed_since(forked_at);
-        let unplaced = !matches!(decision, Decision::Scheduled(_));
-        self.decided(engine, queue, user, ctx, key.clone(), decision, elapsed);
-        if unplaced && stale {
-            // An event that could help came while the pod was away from the queue.
-            queue.backoff(&key, Instant::now());
-        }
-    }
-
-    /// A binding task finished.
-    fn binding_done(
-        &mut self,
-        engine: &mut Engine,
-        queue: &mut SchedulingQueue,
-        metrics: &Metrics,
-        user: &mut Tell,
-        (placement, added, result): Done,
-    ) {
-        self.in_flight.remove(&placement.pod);
-        metrics.in_flight.set(self.in_flight.len() as i64);
-        let uid = placement.pod_uid.clone();
-        match result {
-            Ok(stored) => {
-                // What the API server stored is newer than anything the informers have
-                // shown; late events cannot undo it.
-                for claim in stored {
-                    engine.upsert_claim(claim);
-                }
-                engine.reassert(&placement);
-                self.confirming
-                    .insert(placement.pod.clone(), placement.clone());
-                if let Some(added) = added {
-                    metrics
-                        .pod_scheduling
-                        .observe(added.elapsed().as_secs_f64());
-                }
-                queue.remove(&placement.pod);
-                user.scheduled(placement.pod.clone(), uid, placement.node.clone());
-            }
-            Err(failure) => {
-                if failure.unwound {
-                    tracing::warn!(pod = %placement.pod, message = %failure.message, "binding failed; undone, backing off");
-                    engine.forget(&placement);
-                } else {
-                    // The claims may still hold the devices: keep them taken, free only
-                    // the pod; the informers bring the claims' truth.
-                    tracing::warn!(pod = %placement.pod, message = %failure.message, "binding failed and could not be undone; its devices stay taken");
-                    engine.forget_pod(&placement);
-                }
-                queue.backoff(&placement.pod, Instant::now());
-                // What it had assumed is free again.
-                queue.cluster_changed();
-                user.failed(placement.pod.clone(), uid, failure.message);
-            }
-        }
-    }
 }
 
+/// Applies an informer's change to the engine and the queue: the state takes it in, and a
+/// change that may help a pod that did not fit sends the unschedulable pods back to try.
 fn apply(
     engine: &mut Engine,
     queue: &mut SchedulingQueue,
@@ -818,156 +1000,156 @@ fn apply(
     informers: &mut Informers,
     change: Change,
 ) {
-    let mut touched_claims = false;
     // Whether the change may free or add what an unschedulable pod lacked.
-    let mut changed = true;
-    match change {
-        Change::Pod(event) => match event {
-            Event::Apply(pod) | Event::InitApply(pod) => {
-                let key = ObjectKey::of(&pod.metadata);
-                informers.seen("Pod", key.clone());
-                let bound = pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.as_ref())
-                    .is_some();
-                let terminal = dra_engine::state::is_terminal(&pod);
-                if bound {
-                    book.confirming.remove(&key);
-                }
-                let old = engine.state().pods.get(&key);
-                if bound || terminal || pod.metadata.deletion_timestamp.is_some() {
-                    queue.remove(&key);
-                } else if engine.is_ours(&pod) && book.placement_of(&pod).is_none() {
-                    queue.add(key.clone(), pod_priority(&pod));
-                    // Our own writes (the PodScheduled condition) change only the status:
-                    // they do not retry the pod.
-                    if old.is_none_or(|old| pod_changed_for_scheduling(old, &pod)) {
-                        queue.pod_updated(&key);
-                    }
-                }
-                let was_bound = old.is_some_and(|p| dra_engine::state::bound_node(p).is_some());
-                let placement = book.placement_of(&pod).cloned();
-                engine.upsert_pod(pod);
-                if let Some(p) = placement {
-                    engine.reassert(&p);
-                }
-                // A bound pod that finished frees its node; other pod updates change nothing
-                // for the pods that wait.
-                changed = terminal && was_bound;
-            }
-            Event::Delete(pod) => {
-                let key = ObjectKey::of(&pod.metadata);
-                queue.remove(&key);
-                book.confirming.remove(&key);
-                // Only a pod that held a node frees anything.
-                changed = engine
-                    .state()
-                    .pods
-                    .get(&key)
-                    .is_some_and(|p| dra_engine::state::bound_node(p).is_some());
-                engine.remove_pod(&key);
-            }
-            Event::Init => {
-                informers.listing("Pod");
-                changed = false;
-            }
-            Event::InitDone => {
-                // Pods deleted while the watch was down are not in the new list.
-                let gone = informers.gone("Pod", engine.state().pods.keys().cloned());
-                changed = !gone.is_empty();
-                for key in gone {
-                    queue.remove(&key);
-                    book.confirming.remove(&key);
-                    engine.remove_pod(&key);
-                }
-            }
-        },
+    let changed = match change {
+        Change::Pod(event) => apply_pod(engine, queue, book, informers, event),
         Change::Claim(event) => {
-            touched_claims = true;
-            match event {
-                Event::Apply(c) | Event::InitApply(c) => {
-                    informers.seen("ResourceClaim", ObjectKey::of(&c.metadata));
-                    let old = engine.state().claims.get(&ObjectKey::of(&c.metadata));
-                    changed = claim_may_help(old, &c);
-                    engine.upsert_claim(c);
-                }
-                Event::Delete(c) => engine.remove_claim(&ObjectKey::of(&c.metadata)),
-                Event::Init => {
-                    informers.listing("ResourceClaim");
-                    changed = false;
-                }
-                Event::InitDone => {
-                    let gone =
-                        informers.gone("ResourceClaim", engine.state().claims.keys().cloned());
-                    changed = !gone.is_empty();
-                    for key in gone {
-                        engine.remove_claim(&key);
-                    }
-                }
+            let changed = apply_claim(engine, informers, event);
+            // The API server's copy replaced what was assumed for bindings still in flight.
+            for placement in book.placements() {
+                engine.reassert(placement);
             }
+            changed
         }
-        Change::Node(event) => {
-            if let Event::Apply(node) = &event {
-                let old = engine.state().nodes.get(&name(&node.metadata));
-                changed = node_may_help(old.map(|i| &i.node), node);
-            }
-            cluster_scoped(
-                engine,
-                informers,
-                "Node",
-                event,
-                (Engine::upsert_node, Engine::remove_node),
-                |s| s.nodes.keys().cloned().collect(),
-            )
-        }
-        Change::Class(event) => cluster_scoped(
-            engine,
-            informers,
-            "DeviceClass",
-            event,
-            (
-                |e, o| e.state_mut().upsert_class(o),
-                |e, name| e.state_mut().remove_class(name),
-            ),
-            |s| s.classes.iter().map(|o| name(&o.metadata)).collect(),
-        ),
-        Change::Slice(event) => cluster_scoped(
-            engine,
-            informers,
-            "ResourceSlice",
-            event,
-            (
-                |e, o| e.state_mut().upsert_slice(o),
-                |e, name| e.state_mut().remove_slice(name),
-            ),
-            |s| s.slices.iter().map(|o| name(&o.metadata)).collect(),
-        ),
-        Change::TaintRule(event) => cluster_scoped(
-            engine,
-            informers,
-            "DeviceTaintRule",
-            event,
-            (
-                |e, o| e.state_mut().upsert_taint_rule(o),
-                |e, name| e.state_mut().remove_taint_rule(name),
-            ),
-            |s| s.taint_rules.iter().map(|o| name(&o.metadata)).collect(),
-        ),
+        Change::Node(event) => apply_node(engine, informers, event),
+        Change::Class(event) => cluster_scoped(engine, informers, &CLASSES, event),
+        Change::Slice(event) => cluster_scoped(engine, informers, &SLICES, event),
+        Change::TaintRule(event) => cluster_scoped(engine, informers, &TAINT_RULES, event),
+        Change::Storage(change) => storage::apply(engine, informers, book.placements(), change),
         Change::WatchError(kind, message) => {
             tracing::warn!(kind, %message, "watch failed; backing off and re-listing");
-            return;
+            false
         }
-    }
-    if touched_claims {
-        // The API server's copy replaced what was assumed for bindings still in flight.
-        for placement in book.placements() {
-            engine.reassert(placement);
-        }
-    }
+    };
     if changed {
         queue.cluster_changed();
     }
+}
+
+/// A pod's event; whether it may help the pods that wait.
+fn apply_pod(
+    engine: &mut Engine,
+    queue: &mut SchedulingQueue,
+    book: &mut Bookkeeping,
+    informers: &mut Informers,
+    event: Event<Pod>,
+) -> bool {
+    match event {
+        Event::Apply(pod) | Event::InitApply(pod) => {
+            informers.seen("Pod", ObjectKey::of(&pod.metadata));
+            pod_applied(engine, queue, book, pod)
+        }
+        Event::Delete(pod) => {
+            let key = ObjectKey::of(&pod.metadata);
+            queue.remove(&key);
+            book.confirming.remove(&key);
+            // Only a pod that held a node frees anything.
+            let freed = engine
+                .state()
+                .pods
+                .get(&key)
+                .is_some_and(|p| dra_engine::state::bound_node(p).is_some());
+            engine.remove_pod(&key);
+            freed
+        }
+        Event::Init => {
+            informers.listing("Pod");
+            false
+        }
+        Event::InitDone => {
+            // Pods deleted while the watch was down are not in the new list.
+            let gone = informers.gone("Pod", engine.state().pods.keys().cloned());
+            for key in &gone {
+                queue.remove(key);
+                book.confirming.remove(key);
+                engine.remove_pod(key);
+            }
+            !gone.is_empty()
+        }
+    }
+}
+
+/// A pod created or updated: ours and pending goes to the queue, bound or finished leaves
+/// it. Only a bound pod that finished frees its node for the pods that wait.
+fn pod_applied(
+    engine: &mut Engine,
+    queue: &mut SchedulingQueue,
+    book: &mut Bookkeeping,
+    pod: Pod,
+) -> bool {
+    let key = ObjectKey::of(&pod.metadata);
+    let bound = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_ref())
+        .is_some();
+    let terminal = dra_engine::state::is_terminal(&pod);
+    if bound {
+        book.confirming.remove(&key);
+    }
+    let old = engine.state().pods.get(&key);
+    if bound || terminal || pod.metadata.deletion_timestamp.is_some() {
+        queue.remove(&key);
+    } else if engine.is_ours(&pod) && book.placement_of(&pod).is_none() {
+        queue.add(key.clone(), pod_priority(&pod));
+        // Our own writes (the PodScheduled condition) change only the status: they do
+        // not retry the pod.
+        if old.is_none_or(|old| pod_changed_for_scheduling(old, &pod)) {
+            queue.pod_updated(&key);
+        }
+    }
+    let was_bound = old.is_some_and(|p| dra_engine::state::bound_node(p).is_some());
+    let placement = book.placement_of(&pod).cloned();
+    engine.upsert_pod(pod);
+    if let Some(p) = placement {
+        engine.reassert(&p);
+    }
+    terminal && was_bound
+}
+
+/// A claim's event; whether it may help the pods that wait.
+fn apply_claim(
+    engine: &mut Engine,
+    informers: &mut Informers,
+    event: Event<ResourceClaim>,
+) -> bool {
+    match event {
+        Event::Apply(c) | Event::InitApply(c) => {
+            informers.seen("ResourceClaim", ObjectKey::of(&c.metadata));
+            let old = engine.state().claims.get(&ObjectKey::of(&c.metadata));
+            let helps = claim_may_help(old, &c);
+            engine.upsert_claim(c);
+            helps
+        }
+        Event::Delete(c) => {
+            engine.remove_claim(&ObjectKey::of(&c.metadata));
+            true
+        }
+        Event::Init => {
+            informers.listing("ResourceClaim");
+            false
+        }
+        Event::InitDone => {
+            let gone = informers.gone("ResourceClaim", engine.state().claims.keys().cloned());
+            for key in &gone {
+                engine.remove_claim(key);
+            }
+            !gone.is_empty()
+        }
+    }
+}
+
+/// A node's event; whether it may help the pods that wait.
+fn apply_node(engine: &mut Engine, informers: &mut Informers, event: Event<Node>) -> bool {
+    let helps = match &event {
+        Event::Apply(node) => {
+            let old = engine.state().nodes.get(&name(&node.metadata));
+            node_may_help(old.map(|i| &i.node), node)
+        }
+        _ => true,
+    };
+    cluster_scoped(engine, informers, &NODES, event);
+    helps
 }
 
 /// Whether a pod's update could change where it fits: anything but its status, resource
@@ -1057,33 +1239,66 @@ impl Informers {
     }
 }
 
-/// How the state takes in and lets go of one cluster-scoped kind.
-type UpsertRemove<K> = (fn(&mut Engine, K), fn(&mut Engine, &str));
+/// How the state takes in, lets go of and lists one cluster-scoped kind it keeps by name.
+struct Kept<K> {
+    kind: &'static str,
+    upsert: fn(&mut Engine, K),
+    remove: fn(&mut Engine, &str),
+    names: fn(&ClusterState) -> Vec<String>,
+}
 
-/// Apply a change to a cluster-scoped kind the state keeps by name.
+const NODES: Kept<Node> = Kept {
+    kind: "Node",
+    upsert: Engine::upsert_node,
+    remove: Engine::remove_node,
+    names: |s| s.nodes.keys().cloned().collect(),
+};
+
+const CLASSES: Kept<DeviceClass> = Kept {
+    kind: "DeviceClass",
+    upsert: |e, o| e.state_mut().upsert_class(o),
+    remove: |e, name| e.state_mut().remove_class(name),
+    names: |s| s.classes.iter().map(|o| name(&o.metadata)).collect(),
+};
+
+const SLICES: Kept<ResourceSlice> = Kept {
+    kind: "ResourceSlice",
+    upsert: |e, o| e.state_mut().upsert_slice(o),
+    remove: |e, name| e.state_mut().remove_slice(name),
+    names: |s| s.slices.iter().map(|o| name(&o.metadata)).collect(),
+};
+
+const TAINT_RULES: Kept<DeviceTaintRule> = Kept {
+    kind: "DeviceTaintRule",
+    upsert: |e, o| e.state_mut().upsert_taint_rule(o),
+    remove: |e, name| e.state_mut().remove_taint_rule(name),
+    names: |s| s.taint_rules.iter().map(|o| name(&o.metadata)).collect(),
+};
+
+/// Apply a change to a cluster-scoped kind the state keeps by name. Any such change may
+/// help a pod that waits.
 fn cluster_scoped<K: kube::Resource>(
     engine: &mut Engine,
     informers: &mut Informers,
-    kind: &'static str,
+    kept: &Kept<K>,
     event: Event<K>,
-    (upsert, remove): UpsertRemove<K>,
-    names: fn(&ClusterState) -> Vec<String>,
-) {
+) -> bool {
     let key = |name: String| ObjectKey::new("", name);
     match event {
         Event::Apply(o) | Event::InitApply(o) => {
-            informers.seen(kind, key(name(o.meta())));
-            upsert(engine, o)
+            informers.seen(kept.kind, key(name(o.meta())));
+            (kept.upsert)(engine, o)
         }
-        Event::Delete(o) => remove(engine, &name(o.meta())),
-        Event::Init => informers.listing(kind),
+        Event::Delete(o) => (kept.remove)(engine, &name(o.meta())),
+        Event::Init => informers.listing(kept.kind),
         Event::InitDone => {
-            let has = names(engine.state()).into_iter().map(key);
-            for gone in informers.gone(kind, has) {
-                remove(engine, &gone.name);
+            let has = (kept.names)(engine.state()).into_iter().map(key);
+            for gone in informers.gone(kept.kind, has) {
+                (kept.remove)(engine, &gone.name);
             }
         }
     }
+    true
 }
 
 async fn shutdown_signal() {
