@@ -19,9 +19,13 @@ pub fn is_not_leader(e: &kube::Error) -> bool {
 
 pub struct Metrics {
     registry: Registry,
-    /// Per claim allocated: the scheduling cycle that found its devices, in seconds.
+    /// Per placement that allocates at least one claim: how long the device search for the
+    /// pod's claims took on the chosen node (the engine's `Placement::allocation_time`; a
+    /// pod's claims are searched together), in seconds.
     pub allocation_latency: prometheus::Histogram,
-    /// Scheduling attempts by result (scheduled, unschedulable, error), in seconds.
+    /// Every scheduling attempt, by result (scheduled, unschedulable, error), in seconds:
+    /// the whole cycle (filters, device search on every node, scoring); for a pod whose first
+    /// try ran out of time, both tries.
     pub attempts: HistogramVec,
     /// Claim writes plus pod binding, by result.
     pub bind_latency: HistogramVec,
@@ -55,14 +59,14 @@ impl Metrics {
         let allocation_latency = prometheus::Histogram::with_opts(
             HistogramOpts::new(
                 "claim_allocation_duration_seconds",
-                "Time to find devices for one claim",
+                "Time the device search for a pod's claims took on the chosen node, once per placement that allocates at least one claim (all of a pod's claims are searched together)",
             )
             .buckets(buckets()),
         )?;
         let attempts = HistogramVec::new(
             HistogramOpts::new(
                 "scheduling_attempt_duration_seconds",
-                "Scheduling attempt duration by result",
+                "Scheduling attempt duration by result (scheduled, unschedulable, error): the whole cycle, every node",
             )
             .buckets(buckets()),
             &["result"],

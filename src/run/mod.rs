@@ -290,16 +290,30 @@ fn run_attempt(mut engine: Engine, key: ObjectKey, cancel: Arc<AtomicBool>) -> A
     }
 }
 
+/// A pod whose first try ran out of time, waiting for the long-search lane.
+struct LongWaiting {
+    key: ObjectKey,
+    fork: Engine,
+    /// How long the first try took, in seconds: part of the attempt.
+    first_try: f64,
+}
+
 /// A pod's search with its whole budget, on a fork of the engine.
 struct LongSearch {
     key: ObjectKey,
     decision: Decision,
+    /// Both tries, in seconds (the wait for the lane aside): the attempt's duration.
     elapsed: f64,
     /// When the fork was made, to check its decision on the engine ([`Engine::admit`]).
     forked_at: u64,
 }
 
-fn run_long_search(mut fork: Engine, key: ObjectKey, cancel: Arc<AtomicBool>) -> LongSearch {
+fn run_long_search(waiting: LongWaiting, cancel: Arc<AtomicBool>) -> LongSearch {
+    let LongWaiting {
+        key,
+        mut fork,
+        first_try,
+    } = waiting;
     let started = Instant::now();
     let budget = fork.config().filter_timeout;
     let decision = decide(&mut fork, &key, budget, &cancel);
@@ -307,7 +321,7 @@ fn run_long_search(mut fork: Engine, key: ObjectKey, cancel: Arc<AtomicBool>) ->
         forked_at: fork.forked_at().unwrap_or_default(),
         key,
         decision,
-        elapsed: started.elapsed().as_secs_f64(),
+        elapsed: first_try + started.elapsed().as_secs_f64(),
     }
 }
 
@@ -468,7 +482,7 @@ struct Daemon {
     running: Option<Running<Attempt>>,
     /// The long-search lane: one search at a time, the others wait with their forks.
     long: Option<Running<LongSearch>>,
-    long_waiting: VecDeque<(ObjectKey, Engine)>,
+    long_waiting: VecDeque<LongWaiting>,
     /// Changes that arrived while the engine was with the worker, in arrival order.
     deferred: Vec<Change>,
     queue: SchedulingQueue,
@@ -614,7 +628,11 @@ impl Daemon {
         self.engine = Some(attempt.engine);
         if let Some(fork) = attempt.fork {
             tracing::info!(pod = %attempt.key, "the first try ran out of time: searching with the whole budget while other pods go on");
-            self.long_waiting.push_back((attempt.key, fork));
+            self.long_waiting.push_back(LongWaiting {
+                key: attempt.key,
+                fork,
+                first_try: attempt.elapsed,
+            });
         } else if self.leading {
             self.decided(attempt.key, attempt.decision, attempt.elapsed);
         } else {
@@ -677,11 +695,11 @@ impl Daemon {
 
     fn start_long_search(&mut self, now: Instant) {
         if self.long.is_none()
-            && let Some((key, fork)) = self.long_waiting.pop_front()
+            && let Some(waiting) = self.long_waiting.pop_front()
         {
             self.health.attempt_started(Lane::Long, now);
             self.long = Some(Running::spawn(move |cancel| {
-                run_long_search(fork, key, cancel)
+                run_long_search(waiting, cancel)
             }));
         }
     }
@@ -726,7 +744,7 @@ impl Daemon {
             .with_label_values(&[result])
             .observe(elapsed);
         match decision {
-            Decision::Scheduled(placement) => self.scheduled(key, placement, elapsed),
+            Decision::Scheduled(placement) => self.scheduled(key, placement),
             Decision::Unschedulable { pod, message, .. } | Decision::OutOfTime { pod, message } => {
                 self.unschedulable(pod, uid, message)
             }
@@ -738,9 +756,11 @@ impl Daemon {
     }
 
     /// Assume the placement and start writing it.
-    fn scheduled(&mut self, key: ObjectKey, placement: Placement, elapsed: f64) {
-        for _ in placement.claims.iter().filter(|c| c.allocation.is_some()) {
-            self.metrics.allocation_latency.observe(elapsed);
+    fn scheduled(&mut self, key: ObjectKey, placement: Placement) {
+        if placement.claims.iter().any(|c| c.allocation.is_some()) {
+            self.metrics
+                .allocation_latency
+                .observe(placement.allocation_time.as_secs_f64());
         }
         here(&mut self.engine).assume(&placement);
         self.book.in_flight.insert(key.clone(), placement.clone());
@@ -803,6 +823,10 @@ impl Daemon {
             && let Err(why) = engine.admit(placement, forked_at)
         {
             tracing::info!(pod = %key, %why, "a placement found on a fork no longer holds; trying again");
+            self.metrics
+                .attempts
+                .with_label_values(&["error"])
+                .observe(elapsed);
             self.queue.backoff(&key, Instant::now());
             return;
         }
