@@ -21,7 +21,7 @@ pub mod queue;
 mod storage;
 pub mod throttle;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,7 +32,7 @@ use dra_engine::{
     ClusterInput, ClusterState, Decision, Engine, EngineConfig, ObjectKey, Placement,
 };
 use futures::stream::{BoxStream, SelectAll, StreamExt};
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, ObjectReference, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
@@ -48,7 +48,8 @@ use self::metrics::Metrics;
 use self::queue::SchedulingQueue;
 
 /// The kinds the scheduler watches; it schedules only once every one has synced.
-const KINDS: [&str; 6] = [
+const KINDS: [&str; 7] = [
+    "Namespace",
     "Node",
     "Pod",
     "ResourceClaim",
@@ -64,6 +65,8 @@ const GATED_REPORT_AFTER: Duration = Duration::from_secs(10);
 // Each change is applied as soon as it arrives; boxing the large variants buys nothing.
 #[allow(clippy::large_enum_variant)]
 enum Change {
+    /// Namespaces' labels, for pod affinity terms' namespaceSelector.
+    Namespace(Event<Namespace>),
     Node(Event<Node>),
     Pod(Event<Pod>),
     Claim(Event<ResourceClaim>),
@@ -100,6 +103,7 @@ where
 fn watch_all(client: &Client) -> SelectAll<BoxStream<'static, Change>> {
     futures::stream::select_all(
         [
+            watch(client, "Namespace", Change::Namespace),
             watch(client, "Node", Change::Node),
             watch(client, "Pod", Change::Pod),
             watch(client, "ResourceClaim", Change::Claim),
@@ -745,8 +749,13 @@ impl Daemon {
             .observe(elapsed);
         match decision {
             Decision::Scheduled(placement) => self.scheduled(key, placement),
-            Decision::Unschedulable { pod, message, .. } | Decision::OutOfTime { pod, message } => {
-                self.unschedulable(pod, uid, message)
+            Decision::Unschedulable {
+                pod,
+                message,
+                rejected_by,
+            } => self.unschedulable(pod, uid, message, rejected_by),
+            Decision::OutOfTime { pod, message } => {
+                self.unschedulable(pod, uid, message, BTreeSet::new())
             }
             Decision::Error { pod, message } => {
                 self.queue.backoff(&pod, Instant::now());
@@ -763,6 +772,8 @@ impl Daemon {
                 .observe(placement.allocation_time.as_secs_f64());
         }
         here(&mut self.engine).assume(&placement);
+        // The pod counts from now on for others' pod affinity and spread.
+        self.queue.pods_placed();
         self.book.in_flight.insert(key.clone(), placement.clone());
         self.metrics.in_flight.set(self.book.in_flight.len() as i64);
         let added = self.queue.added_at(&key);
@@ -784,8 +795,14 @@ impl Daemon {
         });
     }
 
-    fn unschedulable(&mut self, pod: ObjectKey, uid: Option<String>, message: String) {
-        self.queue.unschedulable(&pod, Instant::now());
+    fn unschedulable(
+        &mut self,
+        pod: ObjectKey,
+        uid: Option<String>,
+        message: String,
+        rejected_by: BTreeSet<&'static str>,
+    ) {
+        self.queue.unschedulable(&pod, Instant::now(), rejected_by);
         // A claim allocated for this pod that keeps it where it cannot go (e.g. allocated
         // before a restart) is given back; the claim's update then retries the pod.
         if let (Some(claim), Some(uid)) = (here(&mut self.engine).claim_to_release(&pod), &uid) {
@@ -1026,7 +1043,14 @@ fn apply(
 ) {
     // Whether the change may free or add what an unschedulable pod lacked.
     let changed = match change {
-        Change::Pod(event) => apply_pod(engine, queue, book, informers, event),
+        Change::Pod(event) => match apply_pod(engine, queue, book, informers, event) {
+            PodHint::Freed => true,
+            PodHint::Placed => {
+                queue.pods_placed();
+                false
+            }
+            PodHint::Nothing => false,
+        },
         Change::Claim(event) => {
             let changed = apply_claim(engine, informers, event);
             // The API server's copy replaced what was assumed for bindings still in flight.
@@ -1036,6 +1060,7 @@ fn apply(
             changed
         }
         Change::Node(event) => apply_node(engine, informers, event),
+        Change::Namespace(event) => cluster_scoped(engine, informers, &NAMESPACES, event),
         Change::Class(event) => cluster_scoped(engine, informers, &CLASSES, event),
         Change::Slice(event) => cluster_scoped(engine, informers, &SLICES, event),
         Change::TaintRule(event) => cluster_scoped(engine, informers, &TAINT_RULES, event),
@@ -1050,6 +1075,19 @@ fn apply(
     }
 }
 
+/// What a pod's event may do for the pods that wait (kube-scheduler's queueing hints for
+/// pod events, coarsely).
+#[derive(Debug, PartialEq, Eq)]
+enum PodHint {
+    Nothing,
+    /// A bound pod left or finished: its node's resources, ports and volumes are free, and
+    /// anti-affinity or spread that counted it no longer does.
+    Freed,
+    /// A pod was bound or a bound pod's labels changed: pods waiting for pod affinity or a
+    /// spread domain may fit now.
+    Placed,
+}
+
 /// A pod's event; whether it may help the pods that wait.
 fn apply_pod(
     engine: &mut Engine,
@@ -1057,7 +1095,7 @@ fn apply_pod(
     book: &mut Bookkeeping,
     informers: &mut Informers,
     event: Event<Pod>,
-) -> bool {
+) -> PodHint {
     match event {
         Event::Apply(pod) | Event::InitApply(pod) => {
             informers.seen("Pod", ObjectKey::of(&pod.metadata));
@@ -1074,11 +1112,15 @@ fn apply_pod(
                 .get(&key)
                 .is_some_and(|p| dra_engine::state::bound_node(p).is_some());
             engine.remove_pod(&key);
-            freed
+            if freed {
+                PodHint::Freed
+            } else {
+                PodHint::Nothing
+            }
         }
         Event::Init => {
             informers.listing("Pod");
-            false
+            PodHint::Nothing
         }
         Event::InitDone => {
             // Pods deleted while the watch was down are not in the new list.
@@ -1088,7 +1130,11 @@ fn apply_pod(
                 book.confirming.remove(key);
                 engine.remove_pod(key);
             }
-            !gone.is_empty()
+            if gone.is_empty() {
+                PodHint::Nothing
+            } else {
+                PodHint::Freed
+            }
         }
     }
 }
@@ -1100,7 +1146,7 @@ fn pod_applied(
     queue: &mut SchedulingQueue,
     book: &mut Bookkeeping,
     pod: Pod,
-) -> bool {
+) -> PodHint {
     let key = ObjectKey::of(&pod.metadata);
     let bound = pod
         .spec
@@ -1123,12 +1169,20 @@ fn pod_applied(
         }
     }
     let was_bound = old.is_some_and(|p| dra_engine::state::bound_node(p).is_some());
+    let relabelled = old.is_some_and(|p| p.metadata.labels != pod.metadata.labels);
+    let hint = if terminal && was_bound {
+        PodHint::Freed
+    } else if bound && !terminal && (!was_bound || relabelled) {
+        PodHint::Placed
+    } else {
+        PodHint::Nothing
+    };
     let placement = book.placement_of(&pod).cloned();
     engine.upsert_pod(pod);
     if let Some(p) = placement {
         engine.reassert(&p);
     }
-    terminal && was_bound
+    hint
 }
 
 /// A claim's event; whether it may help the pods that wait.
@@ -1270,6 +1324,13 @@ struct Kept<K> {
     remove: fn(&mut Engine, &str),
     names: fn(&ClusterState) -> Vec<String>,
 }
+
+const NAMESPACES: Kept<Namespace> = Kept {
+    kind: "Namespace",
+    upsert: Engine::upsert_namespace,
+    remove: Engine::remove_namespace,
+    names: |s| s.namespaces.keys().cloned().collect(),
+};
 
 const NODES: Kept<Node> = Kept {
     kind: "Node",

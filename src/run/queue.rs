@@ -39,6 +39,8 @@ struct Entry {
     /// When it was first gated (kept across wake-ups) and whether that was reported.
     gated_since: Option<Instant>,
     gate_told: bool,
+    /// The plugins that found it unschedulable last time.
+    rejected_by: BTreeSet<&'static str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +74,7 @@ impl SchedulingQueue {
                 place: Place::Active,
                 gated_since: None,
                 gate_told: false,
+                rejected_by: BTreeSet::new(),
             },
         );
     }
@@ -114,10 +117,33 @@ impl SchedulingQueue {
         Some(key)
     }
 
-    /// No node fits: wait for a cluster event, or [`UNSCHEDULABLE_RETRY`].
-    pub fn unschedulable(&mut self, key: &ObjectKey, now: Instant) {
+    /// No node fits, by the word of `rejected_by`: wait for a cluster event, or
+    /// [`UNSCHEDULABLE_RETRY`].
+    pub fn unschedulable(
+        &mut self,
+        key: &ObjectKey,
+        now: Instant,
+        rejected_by: BTreeSet<&'static str>,
+    ) {
         if let Some(e) = self.pods.get_mut(key) {
             e.place = Place::Unschedulable(now);
+            e.rejected_by = rejected_by;
+        }
+    }
+
+    /// A pod was placed or a placed pod's labels changed: pods that pod affinity or
+    /// topology spread kept out may fit now (others could not: a placed pod only takes).
+    pub fn pods_placed(&mut self) {
+        for (key, e) in self.pods.iter_mut() {
+            let hinted = e
+                .rejected_by
+                .iter()
+                .any(|p| *p == "InterPodAffinity" || *p == "PodTopologySpread");
+            if matches!(e.place, Place::Unschedulable(_)) && hinted {
+                e.place = Place::Active;
+                self.active
+                    .insert((Reverse(e.priority), e.arrival, key.clone()));
+            }
         }
     }
 
@@ -248,16 +274,34 @@ mod tests {
         q.add(key("a"), 0);
         assert_eq!(q.pop(), Some(key("a")));
         let t0 = Instant::now();
-        q.unschedulable(&key("a"), t0);
+        q.unschedulable(&key("a"), t0, BTreeSet::new());
         q.flush_backoff(t0 + Duration::from_secs(3600));
         q.flush_unschedulable(t0 + Duration::from_secs(299));
         assert_eq!(q.pop(), None, "no polling");
         assert_eq!(q.lengths(), (0, 0, 1, 0));
         q.cluster_changed();
         assert_eq!(q.pop(), Some(key("a")));
-        q.unschedulable(&key("a"), t0);
+        q.unschedulable(&key("a"), t0, BTreeSet::new());
         q.pod_updated(&key("a"));
         assert_eq!(q.pop(), Some(key("a")), "its own update retries it");
+    }
+
+    #[test]
+    fn a_placed_pod_retries_only_pods_that_affinity_or_spread_kept_out() {
+        let mut q = SchedulingQueue::default();
+        let t0 = Instant::now();
+        for k in ["anti", "gpu"] {
+            q.add(key(k), 0);
+            q.pop();
+        }
+        q.unschedulable(&key("anti"), t0, BTreeSet::from(["InterPodAffinity"]));
+        q.unschedulable(&key("gpu"), t0, BTreeSet::from(["DynamicResources"]));
+        q.pods_placed();
+        assert_eq!(
+            [q.pop(), q.pop()],
+            [Some(key("anti")), None],
+            "a placed pod takes devices, it never frees them"
+        );
     }
 
     #[test]
@@ -268,8 +312,8 @@ mod tests {
         q.add(key("b"), 0);
         q.pop();
         q.pop();
-        q.unschedulable(&key("a"), t0);
-        q.unschedulable(&key("b"), t0 + Duration::from_secs(60));
+        q.unschedulable(&key("a"), t0, BTreeSet::new());
+        q.unschedulable(&key("b"), t0 + Duration::from_secs(60), BTreeSet::new());
         q.flush_unschedulable(t0 + Duration::from_secs(300));
         assert_eq!([q.pop(), q.pop()], [Some(key("a")), None]);
         q.flush_unschedulable(t0 + Duration::from_secs(360));

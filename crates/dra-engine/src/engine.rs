@@ -592,6 +592,17 @@ impl Engine {
         self.state.upsert_node(node);
     }
 
+    /// Namespaces matter only for pod affinity terms' namespaceSelector: the device view
+    /// is left alone.
+    pub fn upsert_namespace(&mut self, namespace: k8s_openapi::api::core::v1::Namespace) {
+        let name = namespace.metadata.name.clone().unwrap_or_default();
+        self.state.namespaces.insert(name, namespace);
+    }
+
+    pub fn remove_namespace(&mut self, name: &str) {
+        self.state.namespaces.remove(name);
+    }
+
     pub fn remove_node(&mut self, name: &str) {
         self.changes.node(name);
         self.state.remove_node(name);
