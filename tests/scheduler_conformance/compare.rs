@@ -113,8 +113,31 @@ pub fn cluster_input(case: &Case) -> ClusterInput {
 }
 
 /// Our engine's verdict on every pending pod of the case, each on the unchanged cluster.
+/// A case with its own KubeSchedulerConfiguration runs with that profile instead of
+/// `config`'s (without this scheduler's own scores, as kube-scheduler has none of them).
 pub fn run_ours(config: &EngineConfig, case: &Case) -> Vec<Evaluation> {
-    let mut engine = Engine::new(config.clone(), cluster_input(case));
+    let mut config = config.clone();
+    if let Some(kube) = &case.config {
+        match dra_engine::framework::config::profile_config(&kube["profiles"][0], "profiles[0]") {
+            Ok(c) => {
+                config.profile = c.profile;
+                config
+                    .profile
+                    .plugins
+                    .retain(|p| !dra_engine::plugins::OUT_OF_TREE.contains(&p.name.as_str()));
+            }
+            Err(e) => {
+                let error = Evaluation {
+                    error: Some(format!(
+                        "our reading of the KubeSchedulerConfiguration: {e}"
+                    )),
+                    ..Evaluation::default()
+                };
+                return vec![error; case.pending.len()];
+            }
+        }
+    }
+    let mut engine = Engine::new(config, cluster_input(case));
     case.pending
         .iter()
         .map(|key| {
@@ -123,6 +146,10 @@ pub fn run_ours(config: &EngineConfig, case: &Case) -> Vec<Evaluation> {
         })
         .collect()
 }
+
+/// Per plugin and node, weighted scores that differ: (kube-scheduler's, ours); `None` where
+/// that side did not score.
+pub type ScoreDiffs = BTreeMap<String, BTreeMap<String, (Option<i64>, Option<i64>)>>;
 
 /// One way our engine and kube-scheduler differ on a pod.
 #[derive(Clone, Debug)]
@@ -137,8 +164,8 @@ pub enum Kind {
         ours: Vec<String>,
         their_scores: BTreeMap<String, i64>,
         our_scores: BTreeMap<String, i64>,
-        /// Per plugin and node where the weighted scores differ: (theirs, ours).
-        plugins: BTreeMap<String, BTreeMap<String, (Option<i64>, Option<i64>)>>,
+        /// Per plugin and node where the weighted scores differ.
+        plugins: ScoreDiffs,
     },
     /// Our engine failed on a pod kube-scheduler decided.
     OurError { error: String },
@@ -294,9 +321,9 @@ pub fn compare(theirs: &Reference, ours: &Evaluation) -> Vec<Disagreement> {
         return out; // a tie: kube-scheduler picks at random among them
     }
     let our_best = best(&ours.scores);
-    if our_best != their_best {
-        let mut plugins: BTreeMap<String, BTreeMap<String, (Option<i64>, Option<i64>)>> =
-            BTreeMap::new();
+    let exact = std::env::var_os("SCHED_CONFORMANCE_EXACT").is_some();
+    if our_best != their_best || (exact && their_scores != ours.scores) {
+        let mut plugins = ScoreDiffs::new();
         let empty = BTreeMap::new();
         let their_plugins = theirs.plugin_scores.clone().unwrap_or_default();
         let names: BTreeSet<&String> = their_plugins

@@ -26,6 +26,11 @@ pub enum Family {
     Images,
     /// Everything at once.
     Mixed,
+    /// Core, inter-pod, spread and image features under a random KubeSchedulerConfiguration
+    /// profile: NodeResourcesFit strategies, score weights, disabled scores, plugin args.
+    Config,
+    /// DynamicResources: pods with ResourceClaims on nodes with devices.
+    Dra,
 }
 
 impl Family {
@@ -37,23 +42,28 @@ impl Family {
             Family::Volumes => "volumes",
             Family::Images => "images",
             Family::Mixed => "mixed",
+            Family::Config => "config",
+            Family::Dra => "dra",
         }
     }
 
     fn core(self) -> bool {
-        matches!(self, Family::Core | Family::Mixed)
+        matches!(self, Family::Config | Family::Core | Family::Mixed)
     }
     fn interpod(self) -> bool {
-        matches!(self, Family::InterPod | Family::Mixed)
+        matches!(self, Family::Config | Family::InterPod | Family::Mixed)
     }
     fn spread(self) -> bool {
-        matches!(self, Family::Spread | Family::Mixed)
+        matches!(self, Family::Config | Family::Spread | Family::Mixed)
     }
     fn volumes(self) -> bool {
         matches!(self, Family::Volumes | Family::Mixed)
     }
+    fn dra(self) -> bool {
+        matches!(self, Family::Dra | Family::Mixed)
+    }
     fn images(self) -> bool {
-        matches!(self, Family::Images | Family::Mixed)
+        matches!(self, Family::Config | Family::Images | Family::Mixed)
     }
 }
 
@@ -121,6 +131,7 @@ pub struct Case {
 pub const ZONE: &str = "topology.kubernetes.io/zone";
 pub const HOSTNAME: &str = "kubernetes.io/hostname";
 const CSI: &str = "csi.example.com";
+const GPU: &str = "gpu.example.com";
 const NAMESPACES: [&str; 3] = ["default", "team-a", "team-b"];
 const APPS: [&str; 3] = ["web", "db", "cache"];
 const TIERS: [&str; 2] = ["front", "back"];
@@ -171,7 +182,13 @@ pub fn generate(family: Family, seed: u64) -> Case {
     if family.volumes() {
         g.storage();
     }
+    if family.dra() {
+        g.devices();
+    }
     g.existing_pods();
+    if family == Family::Config {
+        g.case.config = Some(config(g.rng));
+    }
     let pending = g.rng.range(1, 3);
     for i in 0..pending {
         g.pending_pod(i);
@@ -183,7 +200,7 @@ impl Gen<'_> {
     /// A constraint's chance: halved when every family's constraints come together, so that
     /// not every pod is unschedulable.
     fn bites(&mut self, percent: u64) -> bool {
-        let percent = if self.family == Family::Mixed {
+        let percent = if matches!(self.family, Family::Mixed | Family::Config) {
             percent / 2
         } else {
             percent
@@ -308,7 +325,7 @@ impl Gen<'_> {
                     driver["topologyKeys"] = json!([ZONE]);
                 }
                 if self.rng.chance(60) {
-                    driver["allocatable"] = json!({"count": self.rng.range(1, 3)});
+                    driver["allocatable"] = json!({"count": self.rng.range(0, 2)});
                 }
                 self.case.csi_nodes.push(json!({
                     "metadata": {"name": name},
@@ -346,7 +363,8 @@ impl Gen<'_> {
                     pv["spec"]["nodeAffinity"] = json!({"required": {"nodeSelectorTerms": [
                         {"matchExpressions": [{"key": ZONE, "operator": "In", "values": [zone]}]}]}});
                 }
-                if self.rng.chance(40) {
+                if self.rng.chance(70) {
+                    // VolumeZone reads the zone from the PV's labels.
                     pv["metadata"]["labels"] = json!({ZONE: zone});
                 }
             }
@@ -493,6 +511,9 @@ impl Gen<'_> {
                     let mut volumes = volumes;
                     volumes.push(json!({"name": "pd", "gcePersistentDisk": {"pdName": disk, "readOnly": self.rng.chance(50)}}));
                     spec["volumes"] = json!(volumes);
+                }
+                if self.family.dra() && self.rng.chance(50) {
+                    self.allocated_claim(namespace, &name, &node, &mut spec);
                 }
                 self.case.pods.push(json!({
                     "metadata": {"name": name, "namespace": namespace, "labels": labels,
@@ -716,6 +737,9 @@ impl Gen<'_> {
                 spec["volumes"] = json!(volumes);
             }
         }
+        if family.dra() && self.bites(70) {
+            self.pending_claim(namespace, &name, &mut spec);
+        }
         spec["containers"] = json!(containers);
         self.case.pods.push(json!({
             "metadata": {"name": name, "namespace": namespace, "labels": labels,
@@ -724,6 +748,118 @@ impl Gen<'_> {
             "status": {"phase": "Pending"},
         }));
         self.case.pending.push(format!("{namespace}/{name}"));
+    }
+
+    /// A device class and, on most nodes, a slice of 1 to 4 GPUs of two models.
+    fn devices(&mut self) {
+        self.case.device_classes.push(json!({
+            "metadata": {"name": GPU},
+            "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{GPU}\"")}}]},
+        }));
+        for node in self.node_names.clone() {
+            if !self.rng.chance(65) {
+                continue;
+            }
+            let devices: Vec<Value> = (0..self.rng.range(1, 4))
+                .map(|i| {
+                    json!({"name": format!("gpu-{i}"), "attributes": {
+                        "model": {"string": *self.rng.pick(&["a100", "t4"])}, "index": {"int": i}},
+                        "capacity": {"memory": {"value": *self.rng.pick(&["16Gi", "40Gi"])}}})
+                })
+                .collect();
+            self.case.resource_slices.push(json!({
+                "metadata": {"name": format!("{node}-gpu")},
+                "spec": {"driver": GPU, "nodeName": node, "devices": devices,
+                         "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}},
+            }));
+        }
+    }
+
+    fn slice_devices(&self, node: &str) -> Vec<String> {
+        self.case
+            .resource_slices
+            .iter()
+            .filter(|s| s["spec"]["nodeName"] == node)
+            .flat_map(|s| s["spec"]["devices"].as_array().unwrap().iter())
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    fn claim_request(&mut self, count: usize) -> Value {
+        let mut exactly =
+            json!({"deviceClassName": GPU, "allocationMode": "ExactCount", "count": count});
+        if self.rng.chance(40) {
+            exactly["selectors"] = json!([{"cel": {"expression":
+                format!("device.attributes[\"{GPU}\"].model == \"a100\"")}}]);
+        }
+        json!({"name": "gpu", "exactly": exactly})
+    }
+
+    /// The existing pod holds a claim allocated on its node, to a device no other claim has.
+    fn allocated_claim(&mut self, namespace: &str, pod: &str, node: &str, spec: &mut Value) {
+        let taken: Vec<String> = self
+            .case
+            .resource_claims
+            .iter()
+            .filter(|c| c["status"]["allocation"]["devices"]["results"][0]["pool"] == node)
+            .map(|c| {
+                c["status"]["allocation"]["devices"]["results"][0]["device"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        let free: Vec<String> = self
+            .slice_devices(node)
+            .into_iter()
+            .filter(|d| !taken.contains(d))
+            .collect();
+        if free.is_empty() {
+            return;
+        }
+        let device = self.rng.pick(&free).clone();
+        let name = format!("{pod}-gpu");
+        let request = self.claim_request(1);
+        self.case.resource_claims.push(json!({
+            "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-claim-{namespace}-{name}")},
+            "spec": {"devices": {"requests": [request]}},
+            "status": {
+                "allocation": {
+                    "devices": {"results": [{"request": "gpu", "driver": GPU, "pool": node, "device": device}]},
+                    "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                        {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+                },
+                "reservedFor": [{"resource": "pods", "name": pod, "uid": format!("uid-pod-{namespace}-{pod}")}],
+            },
+        }));
+        spec["resourceClaims"] = json!([{"name": "gpu", "resourceClaimName": name}]);
+    }
+
+    /// The pending pod's claim: its own, not allocated yet (most often), one that an
+    /// existing pod in its namespace shares, or one that does not exist.
+    fn pending_claim(&mut self, namespace: &str, pod: &str, spec: &mut Value) {
+        let shared: Vec<String> = self
+            .case
+            .resource_claims
+            .iter()
+            .filter(|c| c["metadata"]["namespace"] == namespace)
+            .map(|c| c["metadata"]["name"].as_str().unwrap().to_string())
+            .collect();
+        let claim = if !shared.is_empty() && self.rng.chance(20) {
+            self.rng.pick(&shared).clone()
+        } else if self.rng.chance(5) {
+            "no-such-claim".to_string()
+        } else {
+            let name = format!("{pod}-gpu");
+            let count = self.rng.range(1, 2);
+            let request = self.claim_request(count);
+            self.case.resource_claims.push(json!({
+                "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-claim-{namespace}-{name}")},
+                "spec": {"devices": {"requests": [request]}},
+            }));
+            name
+        };
+        spec["resourceClaims"] = json!([{"name": "gpu", "resourceClaimName": claim}]);
     }
 
     /// A generic ephemeral volume; its claim exists (made by the ephemeral volume
@@ -780,4 +916,69 @@ impl Gen<'_> {
         }
         c
     }
+}
+
+/// A KubeSchedulerConfiguration whose one profile changes how nodes are scored.
+fn config(rng: &mut Rng) -> Value {
+    let mut plugin_config = Vec::new();
+    if rng.chance(70) {
+        let kind = *rng.pick(&[
+            "LeastAllocated",
+            "MostAllocated",
+            "RequestedToCapacityRatio",
+        ]);
+        let resources: Vec<Value> = rng
+            .some(&["cpu", "memory"], 1, 2)
+            .into_iter()
+            .map(|r| json!({"name": r, "weight": rng.range(1, 5)}))
+            .collect();
+        let mut strategy = json!({"type": kind, "resources": resources});
+        if kind == "RequestedToCapacityRatio" {
+            let shape = if rng.chance(50) {
+                json!([{"utilization": 0, "score": 0}, {"utilization": 100, "score": 10}])
+            } else {
+                json!([{"utilization": 0, "score": 10}, {"utilization": 60, "score": 3},
+                       {"utilization": 100, "score": 0}])
+            };
+            strategy["requestedToCapacityRatio"] = json!({"shape": shape});
+        }
+        plugin_config.push(json!({"name": "NodeResourcesFit", "args": {
+            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "NodeResourcesFitArgs",
+            "scoringStrategy": strategy}}));
+    }
+    if rng.chance(30) {
+        plugin_config.push(json!({"name": "InterPodAffinity", "args": {
+            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "InterPodAffinityArgs",
+            "hardPodAffinityWeight": rng.range(0, 100),
+            "ignorePreferredTermsOfExistingPods": rng.chance(50)}}));
+    }
+    let scores = [
+        "TaintToleration",
+        "NodeAffinity",
+        "NodeResourcesFit",
+        "PodTopologySpread",
+        "InterPodAffinity",
+        "NodeResourcesBalancedAllocation",
+        "ImageLocality",
+    ];
+    let weighted: Vec<Value> = rng
+        .some(&scores, 0, 3)
+        .into_iter()
+        .map(|name| json!({"name": name, "weight": rng.range(1, 10)}))
+        .collect();
+    let disabled: Vec<Value> = rng
+        .some(&scores, 0, 2)
+        .into_iter()
+        .filter(|name| !weighted.iter().any(|w| w["name"] == *name))
+        .map(|name| json!({"name": name}))
+        .collect();
+    let mut profile = json!({"schedulerName": "dra-scheduler"});
+    if !weighted.is_empty() || !disabled.is_empty() {
+        profile["plugins"] = json!({"score": {"enabled": weighted, "disabled": disabled}});
+    }
+    if !plugin_config.is_empty() {
+        profile["pluginConfig"] = json!(plugin_config);
+    }
+    json!({"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+           "profiles": [profile]})
 }
