@@ -204,15 +204,7 @@ fn enable(
 
 /// `{name, weight}` of an enabled or disabled plugin.
 fn plugin_ref(value: &Value, path: &str) -> Result<(String, Option<i64>, String)> {
-    let object = as_object(value, path)?;
-    if let Some(key) = object.keys().find(|k| *k != "name" && *k != "weight") {
-        return Err(format!("{path}.{key}: unknown field"));
-    }
-    let name = object
-        .get("name")
-        .map(|n| as_str(n, &format!("{path}.name")))
-        .transpose()?
-        .ok_or_else(|| format!("{path}.name: required"))?;
+    let (object, name) = named(value, "weight", path)?;
     let weight = match object.get("weight") {
         None | Some(Value::Null) => None,
         Some(w) => match w.as_i64() {
@@ -227,9 +219,14 @@ fn plugin_ref(value: &Value, path: &str) -> Result<(String, Option<i64>, String)
     Ok((name.to_string(), weight, path.to_string()))
 }
 
-fn apply_plugin_config(config: &mut ProfileConfig, entry: &Value, path: &str) -> Result<()> {
-    let object = as_object(entry, path)?;
-    if let Some(key) = object.keys().find(|k| *k != "name" && *k != "args") {
+/// An object with a required `name` and one other field, `other`.
+fn named<'v>(
+    value: &'v Value,
+    other: &str,
+    path: &str,
+) -> Result<(&'v serde_json::Map<String, Value>, &'v str)> {
+    let object = as_object(value, path)?;
+    if let Some(key) = object.keys().find(|k| *k != "name" && *k != other) {
         return Err(format!("{path}.{key}: unknown field"));
     }
     let name = object
@@ -237,6 +234,11 @@ fn apply_plugin_config(config: &mut ProfileConfig, entry: &Value, path: &str) ->
         .map(|n| as_str(n, &format!("{path}.name")))
         .transpose()?
         .ok_or_else(|| format!("{path}.name: required"))?;
+    Ok((object, name))
+}
+
+fn apply_plugin_config(config: &mut ProfileConfig, entry: &Value, path: &str) -> Result<()> {
+    let (object, name) = named(entry, "args", path)?;
     let empty = Value::Object(Default::default());
     let args = object.get("args").unwrap_or(&empty);
     let here = format!("{path}.args");
