@@ -25,6 +25,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm, WeightedPodAffinityTerm};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
+use rayon::prelude::*;
+
 use super::label_selector::{NO_LABELS, Selector, labels_of};
 use crate::framework::{Cycle, MAX_NODE_SCORE, Plugin, PluginCycle, Point, Status};
 use crate::state::{ClusterState, NodeInfo, ObjectKey};
@@ -325,6 +327,16 @@ impl TopologyCounts {
         self.0.is_empty()
     }
 
+    fn merge(mut self, other: TopologyCounts) -> TopologyCounts {
+        for (key, values) in other.0 {
+            let mine = self.0.entry(key).or_default();
+            for (value, n) in values {
+                *mine.entry(value).or_default() += n;
+            }
+        }
+        self
+    }
+
     /// Whether a domain the node is in has a count above 0.
     fn any_positive_for(&self, node: &NodeInfo) -> bool {
         let labels = labels_of(&node.node.metadata);
@@ -386,10 +398,10 @@ impl<'a> AffinityCycle<'a> {
     fn existing(&mut self) -> &[Existing<'a>] {
         let state = self.cycle.state;
         self.existing.get_or_insert_with(|| {
-            state
-                .nodes
-                .values()
-                .flat_map(|node| {
+            let nodes: Vec<&NodeInfo> = state.nodes.values().collect();
+            nodes
+                .par_iter()
+                .flat_map_iter(|node| {
                     node.pod_keys
                         .iter()
                         .filter_map(|key| Some((key, state.pods.get(key)?)))
@@ -479,20 +491,31 @@ impl PluginCycle for AffinityCycle<'_> {
             }
         }
         if !s.affinity.is_empty() || !s.anti_affinity.is_empty() {
-            for node in state.nodes.values() {
-                for other in bound_pods(state, node) {
-                    if matches_all(&s.affinity, other) {
-                        for term in &s.affinity {
-                            s.affinity_counts.add(node, &term.topology_key, 1);
+            let nodes: Vec<&NodeInfo> = state.nodes.values().collect();
+            let (affinity, anti_affinity) = nodes
+                .par_iter()
+                .map(|node| {
+                    let mut affinity = TopologyCounts::default();
+                    let mut anti_affinity = TopologyCounts::default();
+                    for other in bound_pods(state, node) {
+                        if matches_all(&s.affinity, other) {
+                            for term in &s.affinity {
+                                affinity.add(node, &term.topology_key, 1);
+                            }
+                        }
+                        for term in &s.anti_affinity {
+                            if term.matches(other, &NO_LABELS) {
+                                anti_affinity.add(node, &term.topology_key, 1);
+                            }
                         }
                     }
-                    for term in &s.anti_affinity {
-                        if term.matches(other, &NO_LABELS) {
-                            s.anti_affinity_counts.add(node, &term.topology_key, 1);
-                        }
-                    }
-                }
-            }
+                    (affinity, anti_affinity)
+                })
+                .reduce(Default::default, |(a1, b1), (a2, b2)| {
+                    (a1.merge(a2), b1.merge(b2))
+                });
+            s.affinity_counts = affinity;
+            s.anti_affinity_counts = anti_affinity;
         }
         if s.existing_anti_affinity_counts.is_empty()
             && s.affinity.is_empty()
@@ -570,24 +593,31 @@ impl PluginCycle for AffinityCycle<'_> {
         }
         self.existing();
         let existing = self.existing.take().unwrap_or_default();
-        let mut scores = TopologyCounts::default();
-        if has_preferred {
+        let scores = if has_preferred {
             // Every bound pod may match the pod's preferred terms.
             let terms: HashMap<&ObjectKey, &PodTerms> =
                 existing.iter().map(|e| (e.key, &e.terms)).collect();
-            for node in state.nodes.values() {
-                for key in &node.pod_keys {
-                    if let Some(other) = state.pods.get(key) {
-                        let own = terms.get(key).copied();
-                        self.score_existing(&mut scores, &incoming, other, node, own);
+            let nodes: Vec<&NodeInfo> = state.nodes.values().collect();
+            nodes
+                .par_iter()
+                .map(|node| {
+                    let mut scores = TopologyCounts::default();
+                    for key in &node.pod_keys {
+                        if let Some(other) = state.pods.get(key) {
+                            let own = terms.get(key).copied();
+                            self.score_existing(&mut scores, &incoming, other, node, own);
+                        }
                     }
-                }
-            }
+                    scores
+                })
+                .reduce(TopologyCounts::default, TopologyCounts::merge)
         } else {
+            let mut scores = TopologyCounts::default();
             for e in &existing {
                 self.score_existing(&mut scores, &incoming, e.pod, e.node, Some(&e.terms));
             }
-        }
+            scores
+        };
         self.existing = Some(existing);
         if scores.is_empty() {
             return Status::skip();

@@ -29,6 +29,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::{Pod, TopologySpreadConstraint};
+use rayon::prelude::*;
 
 use super::label_selector::{Selector, labels_of};
 use super::node_affinity::node_selector_terms_match;
@@ -321,21 +322,26 @@ impl PluginCycle for SpreadCycle<'_> {
             return Status::skip();
         }
         let namespace = self.cycle.key.namespace.as_str();
+        let nodes: Vec<&NodeInfo> = state.nodes.values().collect();
+        let per_node: Vec<Vec<(usize, &String, i64)>> = nodes
+            .par_iter()
+            .filter(|node| has_all_keys(node, &constraints))
+            .map(|node| {
+                let labels = labels_of(&node.node.metadata);
+                constraints
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| c.includes(pod, node))
+                    .map(|(i, c)| {
+                        let n = count_matching(state, node, &c.selector, namespace);
+                        (i, &labels[&c.topology_key], n)
+                    })
+                    .collect()
+            })
+            .collect();
         let mut counts: Vec<HashMap<String, i64>> = vec![HashMap::new(); constraints.len()];
-        for node in state.nodes.values() {
-            if !has_all_keys(node, &constraints) {
-                continue;
-            }
-            let labels = labels_of(&node.node.metadata);
-            for (i, c) in constraints.iter().enumerate() {
-                if !c.includes(pod, node) {
-                    continue;
-                }
-                let n = count_matching(state, node, &c.selector, namespace);
-                *counts[i]
-                    .entry(labels[&c.topology_key].clone())
-                    .or_default() += n;
-            }
+        for (i, value, n) in per_node.into_iter().flatten() {
+            *counts[i].entry(value.clone()).or_default() += n;
         }
         let least = constraints
             .iter()
@@ -424,19 +430,34 @@ impl PluginCycle for SpreadCycle<'_> {
             })
             .collect();
         let namespace = self.cycle.key.namespace.as_str();
-        for node in state.nodes.values() {
-            if require_all && !has_all_keys(node, &constraints) {
-                continue;
-            }
-            let labels = labels_of(&node.node.metadata);
-            for (i, c) in constraints.iter().enumerate() {
-                if !c.includes(pod, node) {
-                    continue;
-                }
-                let value = labels.get(&c.topology_key).map_or("", String::as_str);
-                if let Some(count) = s.counts[i].get_mut(value) {
-                    *count += count_matching(state, node, &c.selector, namespace);
-                }
+        let nodes: Vec<&NodeInfo> = state.nodes.values().collect();
+        let domains = &s.counts;
+        let per_node: Vec<Vec<(usize, &str, i64)>> = nodes
+            .par_iter()
+            .filter(|node| !require_all || has_all_keys(node, &constraints))
+            .map(|node| {
+                let labels = labels_of(&node.node.metadata);
+                constraints
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| c.includes(pod, node))
+                    .filter_map(|(i, c)| {
+                        let value = labels.get(&c.topology_key).map_or("", String::as_str);
+                        // Only domains of feasible nodes are scored (hostname ones in Score).
+                        domains[i].contains_key(value).then(|| {
+                            (
+                                i,
+                                value,
+                                count_matching(state, node, &c.selector, namespace),
+                            )
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        for (i, value, n) in per_node.into_iter().flatten() {
+            if let Some(count) = s.counts[i].get_mut(value) {
+                *count += n;
             }
         }
         s.constraints = constraints;
