@@ -5,10 +5,14 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+use k8s_openapi::api::core::v1::{
+    Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, ReplicationController, Service,
+};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
 
+use crate::plugins::label_selector::Selector;
 use crate::plugins::node_ports::{HostPort, host_ports};
 use crate::plugins::node_resources_fit::Requested;
 use crate::resources::{ResourceList, pod_requests};
@@ -30,6 +34,12 @@ pub struct ClusterInput {
     pub storage_classes: Vec<StorageClass>,
     pub csi_nodes: Vec<CSINode>,
     pub csi_drivers: Vec<CSIDriver>,
+    /// What selects pods, for PodTopologySpread's default constraints (only their
+    /// selectors are kept).
+    pub services: Vec<Service>,
+    pub replication_controllers: Vec<ReplicationController>,
+    pub replica_sets: Vec<ReplicaSet>,
+    pub stateful_sets: Vec<StatefulSet>,
 }
 
 /// `namespace/name` of a namespaced object.
@@ -74,6 +84,9 @@ pub struct NodeInfo {
     pub pods: usize,
     /// The pods bound here (not terminal), to look up in [`ClusterState::pods`].
     pub pod_keys: BTreeSet<ObjectKey>,
+    /// Those of them with pod affinity or anti-affinity (as kube-scheduler's NodeInfo
+    /// keeps them apart): InterPodAffinity looks at these on every attempt.
+    pub pods_with_affinity: BTreeSet<ObjectKey>,
     pub ports: Vec<HostPort>,
     /// Why the node's own object is unusable (e.g. a malformed allocatable quantity).
     pub broken: Option<String>,
@@ -99,6 +112,7 @@ impl NodeInfo {
             requested: Requested::default(),
             pods: 0,
             pod_keys: BTreeSet::new(),
+            pods_with_affinity: BTreeSet::new(),
             ports: Vec::new(),
             broken,
         }
@@ -117,7 +131,11 @@ impl NodeInfo {
             self.used.add(&requests);
         }
         self.pods += 1;
-        self.pod_keys.insert(ObjectKey::of(&pod.metadata));
+        let key = ObjectKey::of(&pod.metadata);
+        if has_pod_affinity(pod) {
+            self.pods_with_affinity.insert(key.clone());
+        }
+        self.pod_keys.insert(key);
         self.ports.extend(host_ports(pod));
     }
 
@@ -129,13 +147,23 @@ impl NodeInfo {
             self.used.sub(&requests);
         }
         self.pods = self.pods.saturating_sub(1);
-        self.pod_keys.remove(&ObjectKey::of(&pod.metadata));
+        let key = ObjectKey::of(&pod.metadata);
+        self.pods_with_affinity.remove(&key);
+        self.pod_keys.remove(&key);
         for port in host_ports(pod) {
             if let Some(i) = self.ports.iter().position(|p| *p == port) {
                 self.ports.swap_remove(i);
             }
         }
     }
+}
+
+/// Whether the pod has pod affinity or anti-affinity terms.
+pub fn has_pod_affinity(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .is_some_and(|a| a.pod_affinity.is_some() || a.pod_anti_affinity.is_some())
 }
 
 /// Pods that are terminal use nothing.
@@ -165,6 +193,7 @@ pub struct ClusterState {
     pub taint_rules: Vec<DeviceTaintRule>,
     pub namespaces: BTreeMap<String, Namespace>,
     pub volumes: Volumes,
+    pub workloads: Workloads,
 }
 
 /// The storage objects the volume plugins read, by name (claims by namespace/name).
@@ -175,6 +204,84 @@ pub struct Volumes {
     pub storage_classes: BTreeMap<String, StorageClass>,
     pub csi_nodes: BTreeMap<String, CSINode>,
     pub csi_drivers: BTreeMap<String, CSIDriver>,
+}
+
+/// The selectors of what selects pods, by namespace/name: all that PodTopologySpread's
+/// default constraints need of Services, ReplicationControllers, ReplicaSets and
+/// StatefulSets (kube-scheduler's `helper.DefaultSelector` reads them from its listers).
+#[derive(Clone, Debug, Default)]
+pub struct Workloads {
+    /// `spec.selector` of the Services that have one (one without selects no pods).
+    pub services: BTreeMap<ObjectKey, BTreeMap<String, String>>,
+    /// `spec.selector` of each ReplicationController (empty when unset).
+    pub replication_controllers: BTreeMap<ObjectKey, BTreeMap<String, String>>,
+    /// `spec.selector` of each ReplicaSet, parsed; [`Selector::Nothing`] when it is
+    /// missing or invalid (kube-scheduler then adds none of it).
+    pub replica_sets: BTreeMap<ObjectKey, Selector>,
+    pub stateful_sets: BTreeMap<ObjectKey, Selector>,
+}
+
+impl Workloads {
+    pub fn upsert_service(&mut self, service: &Service) {
+        let key = ObjectKey::of(&service.metadata);
+        match service.spec.as_ref().and_then(|s| s.selector.clone()) {
+            Some(selector) => {
+                self.services.insert(key, selector);
+            }
+            None => {
+                self.services.remove(&key);
+            }
+        }
+    }
+
+    pub fn remove_service(&mut self, key: &ObjectKey) {
+        self.services.remove(key);
+    }
+
+    pub fn upsert_replication_controller(&mut self, rc: &ReplicationController) {
+        let selector = rc.spec.as_ref().and_then(|s| s.selector.clone());
+        self.replication_controllers
+            .insert(ObjectKey::of(&rc.metadata), selector.unwrap_or_default());
+    }
+
+    pub fn remove_replication_controller(&mut self, key: &ObjectKey) {
+        self.replication_controllers.remove(key);
+    }
+
+    pub fn upsert_replica_set(&mut self, rs: &ReplicaSet) {
+        self.replica_sets
+            .insert(ObjectKey::of(&rs.metadata), parsed(&rs.spec.selector));
+    }
+
+    pub fn remove_replica_set(&mut self, key: &ObjectKey) {
+        self.replica_sets.remove(key);
+    }
+
+    pub fn upsert_stateful_set(&mut self, ss: &StatefulSet) {
+        self.stateful_sets
+            .insert(ObjectKey::of(&ss.metadata), parsed(&ss.spec.selector));
+    }
+
+    pub fn remove_stateful_set(&mut self, key: &ObjectKey) {
+        self.stateful_sets.remove(key);
+    }
+
+    /// The selectors of the Services in `namespace`.
+    pub fn services_in<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> impl Iterator<Item = &'a BTreeMap<String, String>> + 'a {
+        self.services
+            .range(ObjectKey::new(namespace, "")..)
+            .take_while(move |(k, _)| k.namespace == namespace)
+            .map(|(_, s)| s)
+    }
+}
+
+/// A selector an API object holds (a missing one is read as `{}`, which adds nothing as
+/// upstream's nil adds nothing).
+fn parsed(selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector) -> Selector {
+    Selector::parse(Some(selector)).unwrap_or(Selector::Nothing)
 }
 
 impl ClusterState {
@@ -211,6 +318,18 @@ impl ClusterState {
             },
             ..Default::default()
         };
+        for service in &input.services {
+            state.workloads.upsert_service(service);
+        }
+        for rc in &input.replication_controllers {
+            state.workloads.upsert_replication_controller(rc);
+        }
+        for rs in &input.replica_sets {
+            state.workloads.upsert_replica_set(rs);
+        }
+        for ss in &input.stateful_sets {
+            state.workloads.upsert_stateful_set(ss);
+        }
         for claim in input.claims {
             state.claims.insert(ObjectKey::of(&claim.metadata), claim);
         }

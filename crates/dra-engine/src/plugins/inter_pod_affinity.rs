@@ -278,13 +278,6 @@ fn namespace_of(pod: &Pod) -> &str {
     pod.metadata.namespace.as_deref().unwrap_or("default")
 }
 
-fn has_pod_affinity(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.affinity.as_ref())
-        .is_some_and(|a| a.pod_affinity.is_some() || a.pod_anti_affinity.is_some())
-}
-
 /// The pods bound to `node`.
 fn bound_pods<'a>(state: &'a ClusterState, node: &'a NodeInfo) -> impl Iterator<Item = &'a Pod> {
     node.pod_keys.iter().filter_map(|key| state.pods.get(key))
@@ -402,10 +395,9 @@ impl<'a> AffinityCycle<'a> {
             nodes
                 .par_iter()
                 .flat_map_iter(|node| {
-                    node.pod_keys
+                    node.pods_with_affinity
                         .iter()
                         .filter_map(|key| Some((key, state.pods.get(key)?)))
-                        .filter(|(_, pod)| has_pod_affinity(pod))
                         .map(move |(key, pod)| Existing {
                             node,
                             key,
