@@ -14,10 +14,10 @@
 //! | NodeResourcesBalancedAllocation | PreScore, Score | as upstream (same DRA extended resource note) |
 //! | InterPodAffinity | PreFilter, Filter, PreScore, Score | as upstream (InterPodAffinityHostnameFastPath off, its 1.37 default); `matchLabelKeys`/`mismatchLabelKeys` merged as the API server merges them, for pods that did not come through it |
 //! | PodTopologySpread | PreFilter, Filter, PreScore, Score | as upstream, except that default constraints (System or List) never apply: their selector comes from Services, ReplicationControllers, ReplicaSets and StatefulSets, which the engine does not watch (kube-scheduler without those objects does the same) |
-//! | VolumeBinding | PreFilter, Filter, Reserve, PreBind, PreScore, Score | see the module |
-//! | VolumeRestrictions | PreFilter, Filter | see the module |
-//! | VolumeZone | PreFilter, Filter | see the module |
-//! | NodeVolumeLimits | PreFilter, Filter | see the module |
+//! | VolumeBinding | PreFilter, Filter, Reserve, PreBind, PreScore, Score | as upstream (bound claims, Immediate claims wait, WaitForFirstConsumer with static volumes and provisioning by allowedTopologies, generic ephemeral volumes, the capacity score); CSIStorageCapacity is not read: a claim a driver with `storageCapacity: true` would provision is refused, saying so; PreBind is the binder's, with a bounded wait for the PV controller |
+//! | VolumeRestrictions | PreFilter, Filter | as upstream (ReadWriteOncePod, conflicting GCE PD, EBS, RBD and iSCSI volumes) |
+//! | VolumeZone | PreFilter, Filter | as upstream |
+//! | NodeVolumeLimits | PreFilter, Filter | as upstream for CSI and migrated in-tree drivers; VolumeAttachments of pods the scheduler does not know are not counted |
 //! | ImageLocality | Score | as upstream |
 //! | DynamicResources | PreEnqueue, PreFilter, Filter, PostFilter, PreScore, Score, Reserve, PreBind | the allocator (`dra-allocator`) |
 //! | DefaultBinder | Bind | the daemon's binder |
