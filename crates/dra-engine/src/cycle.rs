@@ -232,6 +232,9 @@ impl Engine {
         };
         let mut attempt = framework.start(&cycle);
         let verdict = (|| {
+            if let Some(status) = unsupported(&pod) {
+                return Verdict::Stopped(status);
+            }
             if let Err(status) = attempt.pre_filter() {
                 return Verdict::Stopped(status);
             }
@@ -285,6 +288,17 @@ impl Engine {
         self.record_search_steps(shared.search_steps.load(Ordering::Relaxed));
         Ok(decided)
     }
+}
+
+/// A pod that asks for what no plugin here implements is refused, naming the field: it is
+/// never placed while a constraint is ignored.
+fn unsupported(pod: &k8s_openapi::api::core::v1::Pod) -> Option<Status> {
+    let spec = pod.spec.as_ref()?;
+    spec.scheduling_group.as_ref().map(|_| {
+        Status::unresolvable(
+            "spec.schedulingGroup: PodGroup (gang) scheduling is not supported by dra-scheduler yet",
+        )
+    })
 }
 
 /// The node with the highest total; among equals, the first by name (kube-scheduler picks

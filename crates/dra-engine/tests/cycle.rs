@@ -438,3 +438,22 @@ fn a_decision_made_on_a_fork_is_taken_only_if_what_it_relies_on_did_not_change()
         "node n2 or its pods changed while pod default/a was searched for"
     );
 }
+
+#[test]
+fn a_pod_of_a_pod_group_is_refused_not_placed_alone() {
+    let mut member = pod("member", None, "1", 0);
+    member.spec.as_mut().unwrap().scheduling_group =
+        Some(serde_json::from_value(json!({"podGroupName": "trainers"})).unwrap());
+    let mut e = engine(ClusterInput {
+        nodes: vec![node("n1", "8")],
+        pods: vec![member],
+        ..Default::default()
+    });
+    assert_eq!(
+        e.schedule(&key("member")).message(),
+        Some(
+            "0/1 nodes are available: spec.schedulingGroup: PodGroup (gang) scheduling is not \
+             supported by dra-scheduler yet."
+        )
+    );
+}
