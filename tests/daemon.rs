@@ -200,7 +200,7 @@ async fn memory_selector_leaves_a_readable_condition() {
     );
     assert!(
         message
-            .ends_with("3 in class gpu.nvidia.com, 1 match the selectors, 1 in use, 0 available"),
+            .ends_with("3 in class gpu.nvidia.com, 1 match the selectors, 1 in use, 0 available."),
         "{message}"
     );
 }
