@@ -533,6 +533,13 @@ impl Engine {
         &mut self.state.volumes
     }
 
+    /// What selects pods (Services, ReplicationControllers, ReplicaSets, StatefulSets), to
+    /// update from the informers. Only PodTopologySpread's default constraints read it, so
+    /// the allocator's view is left alone.
+    pub fn workloads_mut(&mut self) -> &mut crate::state::Workloads {
+        &mut self.state.workloads
+    }
+
     /// Undo only the pod's part of [`Engine::assume`]: it is pending again, while its
     /// claims keep what was assumed (their writes may have landed; the API server's copy
     /// replaces them when the informers bring it).

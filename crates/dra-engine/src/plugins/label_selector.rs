@@ -62,6 +62,12 @@ impl Selector {
         Selector::All(Vec::new())
     }
 
+    /// `labels.Set.AsSelector()`: `key = value` for each label, not validated; no labels
+    /// select everything.
+    pub fn from_labels(labels: &BTreeMap<String, String>) -> Selector {
+        Selector::everything().and_labels(labels.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    }
+
     /// `metav1.LabelSelectorAsSelector`: the first invalid requirement is the error.
     pub fn parse(selector: Option<&LabelSelector>) -> Result<Selector, String> {
         let Some(selector) = selector else {

@@ -18,24 +18,26 @@
 //! `matchLabelKeys` adds `key = the pod's value` to the selector. A selector with no
 //! requirements counts no pods (upstream's quirk, kept) but still matches the pod itself.
 //!
-//! Cluster-level default constraints (`defaultConstraints`, `defaultingType`) apply only to
-//! pods without constraints of their own, and take their selector from the Services,
-//! ReplicationControllers, ReplicaSets and StatefulSets that select the pod. The engine does
-//! not watch those objects, so that selector is always empty here, and kube-scheduler adds
-//! no default constraint when it is empty: default constraints never apply. This is what a
-//! kube-scheduler that finds none of those objects does; a live kube-scheduler would spread
-//! pods of a Deployment by zone and hostname (ScheduleAnyway) where this one does not.
+//! Cluster-level default constraints (`defaultConstraints`, `defaultingType`; System by
+//! default: hostname maxSkew 3 and zone maxSkew 5, ScheduleAnyway) apply only to pods
+//! without constraints of their own, and take their selector from what selects the pod in
+//! its namespace ([`default_selector`], upstream's `helper.DefaultSelector`): the Services
+//! whose selector matches its labels, and its controller if that is a
+//! ReplicationController, ReplicaSet or StatefulSet. A pod nothing selects (no Service, no
+//! such controller) gets no default constraint. So a Deployment's replicas, owned by
+//! ReplicaSets, are spread softly by hostname and zone, as kube-scheduler spreads them.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::{Pod, TopologySpreadConstraint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use rayon::prelude::*;
 
 use super::label_selector::{Selector, labels_of};
 use super::node_affinity::node_selector_terms_match;
 use super::taint_toleration::{tolerates, tolerations};
 use crate::framework::{Cycle, MAX_NODE_SCORE, Plugin, PluginCycle, Point, Status};
-use crate::state::{ClusterState, NodeInfo};
+use crate::state::{ClusterState, NodeInfo, ObjectKey, Workloads};
 
 pub const REASON: &str = "node(s) didn't match pod topology spread constraints";
 pub const REASON_MISSING_LABEL: &str =
@@ -85,8 +87,14 @@ impl PodTopologySpread {
     }
 
     /// The pod's constraints of one kind (`DoNotSchedule` or `ScheduleAnyway`), or the
-    /// default ones when it has none of either kind.
-    fn constraints(&self, pod: &Pod, action: &str) -> Result<Vec<Constraint>, String> {
+    /// default ones when it has none of either kind, selecting what selects the pod.
+    fn constraints(
+        &self,
+        pod: &Pod,
+        namespace: &str,
+        workloads: &Workloads,
+        action: &str,
+    ) -> Result<Vec<Constraint>, String> {
         let hard = if action == DO_NOT_SCHEDULE {
             "hard"
         } else {
@@ -103,7 +111,7 @@ impl PodTopologySpread {
         if defaults.is_empty() {
             return Ok(defaults);
         }
-        let selector = default_selector(pod);
+        let selector = default_selector(pod, namespace, workloads);
         if selector.is_everything() {
             return Ok(Vec::new());
         }
@@ -127,11 +135,60 @@ fn system_default_constraints() -> Vec<TopologySpreadConstraint> {
     vec![constraint(HOSTNAME, 3), constraint(ZONE, 5)]
 }
 
-/// The selector default constraints use: upstream merges those of the Services that select
-/// the pod and of its controlling ReplicationController, ReplicaSet or StatefulSet. None of
-/// those objects is known here, which leaves it empty (see the module's docs).
-fn default_selector(_pod: &Pod) -> Selector {
-    Selector::everything()
+/// The selector default constraints use (`helper.DefaultSelector`): the selectors of the
+/// Services in the pod's namespace that match its labels, merged; then, by the pod's
+/// controller found by name in its namespace, a ReplicationController's selector merged
+/// into those labels, or the requirements of a ReplicaSet's or StatefulSet's selector added
+/// (none from a selector that is invalid). Selects everything when nothing selects the pod.
+pub fn default_selector(pod: &Pod, namespace: &str, workloads: &Workloads) -> Selector {
+    let labels = labels_of(&pod.metadata);
+    let mut set = BTreeMap::new();
+    for selector in workloads.services_in(namespace) {
+        if Selector::from_labels(selector).matches(labels) {
+            set.extend(selector.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+    }
+    let Some(owner) = controller_of(pod) else {
+        return Selector::from_labels(&set);
+    };
+    let key = ObjectKey::new(namespace, owner.name.as_str());
+    let added = match (group_version(&owner.api_version), owner.kind.as_str()) {
+        (("", "v1"), "ReplicationController") => {
+            if let Some(rc) = workloads.replication_controllers.get(&key) {
+                set.extend(rc.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+            None
+        }
+        (("apps", "v1"), "ReplicaSet") => workloads.replica_sets.get(&key),
+        (("apps", "v1"), "StatefulSet") => workloads.stateful_sets.get(&key),
+        _ => None,
+    };
+    match (Selector::from_labels(&set), added) {
+        (Selector::All(mut requirements), Some(Selector::All(more))) => {
+            requirements.extend(more.iter().cloned());
+            Selector::All(requirements)
+        }
+        (selector, _) => selector,
+    }
+}
+
+/// `metav1.GetControllerOf`: the owner reference marked as the controller.
+fn controller_of(pod: &Pod) -> Option<&OwnerReference> {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+}
+
+/// `schema.ParseGroupVersion`: `group/version`, or a version of the core group; anything
+/// with more than one `/` names no group version the switch above knows.
+fn group_version(api_version: &str) -> (&str, &str) {
+    match api_version.split('/').collect::<Vec<_>>().as_slice() {
+        [version] => ("", version),
+        [group, version] => (group, version),
+        _ => ("", ""),
+    }
 }
 
 fn own_constraints(pod: &Pod) -> &[TopologySpreadConstraint] {
@@ -314,14 +371,18 @@ struct SpreadCycle<'a> {
 impl PluginCycle for SpreadCycle<'_> {
     fn pre_filter(&mut self) -> Status {
         let (pod, state) = (self.cycle.pod, self.cycle.state);
-        let constraints = match self.plugin.constraints(pod, DO_NOT_SCHEDULE) {
-            Ok(c) => c,
-            Err(e) => return Status::error(format!("get constraints from pod: {e}")),
-        };
+        let namespace = self.cycle.key.namespace.as_str();
+        let constraints =
+            match self
+                .plugin
+                .constraints(pod, namespace, &state.workloads, DO_NOT_SCHEDULE)
+            {
+                Ok(c) => c,
+                Err(e) => return Status::error(format!("get constraints from pod: {e}")),
+            };
         if constraints.is_empty() {
             return Status::skip();
         }
-        let namespace = self.cycle.key.namespace.as_str();
         let nodes: Vec<&NodeInfo> = state.nodes.values().collect();
         let per_node: Vec<Vec<(usize, &String, i64)>> = nodes
             .par_iter()
@@ -388,10 +449,15 @@ impl PluginCycle for SpreadCycle<'_> {
         if state.nodes.is_empty() {
             return Status::skip();
         }
-        let constraints = match self.plugin.constraints(pod, SCHEDULE_ANYWAY) {
-            Ok(c) => c,
-            Err(e) => return Status::error(format!("calculating preScoreState: {e}")),
-        };
+        let namespace = self.cycle.key.namespace.as_str();
+        let constraints =
+            match self
+                .plugin
+                .constraints(pod, namespace, &state.workloads, SCHEDULE_ANYWAY)
+            {
+                Ok(c) => c,
+                Err(e) => return Status::error(format!("calculating preScoreState: {e}")),
+            };
         if constraints.is_empty() {
             return Status::skip();
         }
@@ -429,7 +495,6 @@ impl PluginCycle for SpreadCycle<'_> {
                 ((size + 2) as f64).ln()
             })
             .collect();
-        let namespace = self.cycle.key.namespace.as_str();
         let nodes: Vec<&NodeInfo> = state.nodes.values().collect();
         let domains = &s.counts;
         let per_node: Vec<Vec<(usize, &str, i64)>> = nodes
@@ -520,7 +585,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::{ClusterInput, Engine, EngineConfig, Evaluation, ObjectKey};
+    use crate::{ClusterInput, Decision, Engine, EngineConfig, Evaluation, ObjectKey};
 
     /// A node with its hostname label and, if given, a zone.
     fn node(name: &str, zone: Option<&str>) -> NodeBuilder {
@@ -593,10 +658,21 @@ mod tests {
             self
         }
 
-        fn owned_by_a_replica_set(mut self) -> Self {
-            self.0["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1",
-                "kind": "ReplicaSet", "name": "web-5d8f", "uid": "rs-1", "controller": true}]);
+        /// Controlled by `kind` `name` (apps/v1, or v1 for a ReplicationController).
+        fn owned_by(mut self, kind: &str, name: &str) -> Self {
+            let api_version = if kind == "ReplicationController" {
+                "v1"
+            } else {
+                "apps/v1"
+            };
+            self.0["metadata"]["ownerReferences"] = json!([{"apiVersion": api_version,
+                "kind": kind, "name": name, "uid": format!("uid-{name}"), "controller": true}]);
             self
+        }
+
+        /// A replica of the `web-5d8f` ReplicaSet.
+        fn owned_by_a_replica_set(self) -> Self {
+            self.owned_by("ReplicaSet", "web-5d8f")
         }
 
         /// A constraint spreading `app=<own app label>` pods; `extra` adds or overrides
@@ -621,13 +697,103 @@ mod tests {
         }
     }
 
-    fn evaluate(nodes: Vec<NodeBuilder>, pods: Vec<PodBuilder>, name: &str) -> Evaluation {
+    /// What selects pods in `default`: Services, ReplicationControllers, ReplicaSets and
+    /// StatefulSets, given by their selectors.
+    #[derive(Default)]
+    struct Selecting(ClusterInput);
+
+    fn selecting() -> Selecting {
+        Selecting::default()
+    }
+
+    impl Selecting {
+        fn service(mut self, name: &str, selector: Value) -> Self {
+            let spec = if selector.is_null() {
+                json!({})
+            } else {
+                json!({"selector": selector})
+            };
+            let service = json!({"metadata": {"name": name, "namespace": "default"}, "spec": spec});
+            self.0
+                .services
+                .push(serde_json::from_value(service).unwrap());
+            self
+        }
+
+        fn replication_controller(mut self, name: &str, selector: Value) -> Self {
+            let rc = json!({"metadata": {"name": name, "namespace": "default"},
+                "spec": {"selector": selector}});
+            self.0
+                .replication_controllers
+                .push(serde_json::from_value(rc).unwrap());
+            self
+        }
+
+        /// The `web-5d8f` ReplicaSet of a `web` Deployment: `app=web` and its template hash.
+        fn web_replica_set(self) -> Self {
+            self.replica_set(
+                "web-5d8f",
+                json!({"matchLabels": {"app": "web", "pod-template-hash": "5d8f"}}),
+            )
+        }
+
+        fn replica_set(mut self, name: &str, selector: Value) -> Self {
+            let rs = json!({"metadata": {"name": name, "namespace": "default"},
+                "spec": {"selector": selector}});
+            self.0
+                .replica_sets
+                .push(serde_json::from_value(rs).unwrap());
+            self
+        }
+
+        fn stateful_set(mut self, name: &str, selector: Value) -> Self {
+            let ss = json!({"metadata": {"name": name, "namespace": "default"},
+                "spec": {"selector": selector, "template": {}}});
+            self.0
+                .stateful_sets
+                .push(serde_json::from_value(ss).unwrap());
+            self
+        }
+    }
+
+    /// A replica of the `web` Deployment, bound to `node`.
+    fn replica_on(name: &str, node: &str) -> PodBuilder {
+        replica(name).on(node)
+    }
+
+    /// A pending replica of the `web` Deployment, controlled by its ReplicaSet.
+    fn replica(name: &str) -> PodBuilder {
+        pod(name)
+            .label("app", "web")
+            .label("pod-template-hash", "5d8f")
+            .owned_by_a_replica_set()
+    }
+
+    fn engine_with(
+        nodes: Vec<NodeBuilder>,
+        pods: Vec<PodBuilder>,
+        selecting: Selecting,
+        config: EngineConfig,
+    ) -> Engine {
         let input = ClusterInput {
             nodes: nodes.into_iter().map(NodeBuilder::build).collect(),
             pods: pods.into_iter().map(PodBuilder::build).collect(),
-            ..Default::default()
+            ..selecting.0
         };
-        let mut engine = Engine::new(EngineConfig::default(), input);
+        Engine::new(config, input)
+    }
+
+    fn evaluate(nodes: Vec<NodeBuilder>, pods: Vec<PodBuilder>, name: &str) -> Evaluation {
+        evaluate_with(nodes, pods, selecting(), name)
+    }
+
+    fn evaluate_with(
+        nodes: Vec<NodeBuilder>,
+        pods: Vec<PodBuilder>,
+        selecting: Selecting,
+        name: &str,
+    ) -> Evaluation {
+        let mut engine = engine_with(nodes, pods, selecting, EngineConfig::default());
         let evaluation = engine.evaluate(&ObjectKey::new("default", name));
         assert_eq!(evaluation.error, None);
         evaluation
@@ -848,19 +1014,166 @@ mod tests {
         assert_eq!(scores(&e), Some(vec![("n1", 50), ("n2", 100), ("n3", 200)]));
     }
 
-    #[test]
-    fn system_default_constraints_need_a_service_or_controller_and_none_is_known() {
-        let pods = vec![
-            web_on("web-0", "a1").owned_by_a_replica_set(),
-            pod("web-1").label("app", "web").owned_by_a_replica_set(),
-        ];
-        let e = evaluate(two_zones(), pods, "web-1");
-        assert_eq!(e.feasible, ["a1", "a2", "b1"]);
-        assert_eq!(scores(&e), None, "no constraint: the plugin skips");
+    fn two_by_two() -> Vec<NodeBuilder> {
+        vec![
+            node("a1", Some("a")),
+            node("a2", Some("a")),
+            node("b1", Some("b")),
+            node("b2", Some("b")),
+        ]
     }
 
     #[test]
-    fn list_defaulting_keeps_the_given_constraints() {
+    fn three_replicas_of_a_replica_set_on_four_nodes_in_two_zones_go_two_and_one() {
+        let pods = vec![replica("web-0"), replica("web-1"), replica("web-2")];
+        let mut engine = engine_with(
+            two_by_two(),
+            pods,
+            selecting().web_replica_set(),
+            EngineConfig::default(),
+        );
+        let mut placed = Vec::new();
+        for name in ["web-0", "web-1", "web-2"] {
+            let Decision::Scheduled(p) = engine.schedule(&ObjectKey::new("default", name)) else {
+                panic!("{name} not scheduled");
+            };
+            placed.push(p.node.clone());
+            engine.assume(&p);
+        }
+        // The first on a1 (ties go to the first node); the second to the other zone; the
+        // third to an empty node, zone a by name.
+        assert_eq!(placed, ["a1", "b1", "a2"]);
+    }
+
+    #[test]
+    fn system_defaults_score_the_emptier_zone_and_node_higher_for_a_replica_set() {
+        let pods = vec![
+            replica_on("web-0", "a1"),
+            replica_on("web-1", "a2"),
+            replica("web-2"),
+        ];
+        let e = evaluate_with(two_by_two(), pods, selecting().web_replica_set(), "web-2");
+        assert_eq!(e.feasible, ["a1", "a2", "b1", "b2"], "only a preference");
+        // Hostname (maxSkew 3) weighs ln 6, zone (maxSkew 5) ln 4: on a1 round(1.79 + 2 +
+        // 2 * 1.39 + 4) = 11, on b1 6; normalised 100 * (11 + 6 - s) / 11, times 2.
+        assert_eq!(
+            scores(&e),
+            Some(vec![("a1", 108), ("a2", 108), ("b1", 200), ("b2", 200)])
+        );
+    }
+
+    #[test]
+    fn a_pod_that_nothing_selects_gets_no_default_spreading() {
+        let pods = |pending: PodBuilder| {
+            vec![
+                replica_on("web-0", "a1"),
+                replica_on("web-1", "a2"),
+                pending,
+            ]
+        };
+        let workloads = || {
+            selecting()
+                .web_replica_set()
+                .service("api", json!({"app": "api"}))
+                .service("headless", Value::Null)
+        };
+        let no_owner = pod("web-2").label("app", "web");
+        let e = evaluate_with(two_by_two(), pods(no_owner), workloads(), "web-2");
+        assert_eq!(scores(&e), None, "no owner, no Service: the plugin skips");
+
+        let unknown = pod("web-2")
+            .label("app", "web")
+            .owned_by("ReplicaSet", "gone");
+        let e = evaluate_with(two_by_two(), pods(unknown), workloads(), "web-2");
+        assert_eq!(scores(&e), None, "a ReplicaSet not in the cluster");
+
+        let deployment = pod("web-2")
+            .label("app", "web")
+            .owned_by("Deployment", "web");
+        let e = evaluate_with(two_by_two(), pods(deployment), workloads(), "web-2");
+        assert_eq!(scores(&e), None, "a Deployment does not own pods itself");
+    }
+
+    #[test]
+    fn a_service_that_selects_the_pod_gives_the_default_selector() {
+        let pods = vec![
+            web_on("web-0", "a1"),
+            web_on("web-1", "a2"),
+            pod("web-2").label("app", "web"),
+        ];
+        let services = selecting().service("web", json!({"app": "web"}));
+        let e = evaluate_with(two_by_two(), pods, services, "web-2");
+        assert_eq!(
+            scores(&e),
+            Some(vec![("a1", 108), ("a2", 108), ("b1", 200), ("b2", 200)])
+        );
+    }
+
+    #[test]
+    fn the_default_selector_merges_services_and_adds_the_controllers_selector() {
+        let pod = |owner: Option<(&str, &str)>| {
+            let p = pod("p").label("app", "web").label("tier", "front");
+            match owner {
+                Some((kind, name)) => p.owned_by(kind, name),
+                None => p,
+            }
+            .build()
+        };
+        let workloads = selecting()
+            .service("web", json!({"app": "web"}))
+            .service("front", json!({"tier": "front"}))
+            .service("other", json!({"app": "db"}))
+            .service("everything", json!({}))
+            .replication_controller("rc", json!({"app": "web", "rc": "1"}))
+            .replica_set(
+                "rs",
+                json!({"matchExpressions": [{"key": "canary", "operator": "DoesNotExist"}]}),
+            )
+            .replica_set("bad", json!({"matchLabels": {"-bad": "x"}}))
+            .stateful_set("ss", json!({"matchLabels": {"app": "web"}}));
+        let state = ClusterState::new(workloads.0);
+        let selector = |owner| default_selector(&pod(owner), "default", &state.workloads);
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let web_front = labels(&[("app", "web"), ("tier", "front")]);
+        let services = selector(None);
+        assert!(services.matches(&web_front));
+        assert!(
+            !services.matches(&labels(&[("app", "web")])),
+            "both Services"
+        );
+
+        let rc = selector(Some(("ReplicationController", "rc")));
+        assert!(!rc.matches(&web_front), "the RC's labels merged in");
+        assert!(rc.matches(&labels(&[("app", "web"), ("tier", "front"), ("rc", "1")])));
+
+        let rs = selector(Some(("ReplicaSet", "rs")));
+        assert!(rs.matches(&web_front));
+        assert!(!rs.matches(&labels(&[
+            ("app", "web"),
+            ("tier", "front"),
+            ("canary", "")
+        ])));
+
+        assert_eq!(
+            selector(Some(("ReplicaSet", "bad"))),
+            services,
+            "invalid: not added"
+        );
+        assert_eq!(selector(Some(("StatefulSet", "missing"))), services);
+        assert!(selector(Some(("StatefulSet", "ss"))).matches(&web_front));
+        assert!(
+            default_selector(&pod(None), "other", &state.workloads).is_everything(),
+            "Services of another namespace"
+        );
+    }
+
+    #[test]
+    fn list_default_constraints_apply_to_replicas_without_their_own() {
         let args = Args {
             default_constraints: vec![
                 serde_json::from_value(json!({"topologyKey": ZONE,
@@ -869,20 +1182,26 @@ mod tests {
             ],
             defaulting_type: DefaultingType::List,
         };
-        let plugin = PodTopologySpread::new(&args);
-        assert_eq!(plugin.default_constraints, args.default_constraints);
-        assert!(!plugin.system_defaulted);
-        let pod = pod("web")
-            .label("app", "web")
-            .owned_by_a_replica_set()
-            .build();
-        assert!(
-            plugin
-                .constraints(&pod, DO_NOT_SCHEDULE)
-                .unwrap()
-                .is_empty()
+        let mut config = EngineConfig::default();
+        config.profile.args.pod_topology_spread = args;
+        let pods = |pending| vec![replica_on("web-0", "a1"), pending];
+        let mut engine = engine_with(
+            two_zones(),
+            pods(replica("web-1")),
+            selecting().web_replica_set(),
+            config.clone(),
         );
-        let system = PodTopologySpread::new(&Args::default());
-        assert_eq!(system.default_constraints.len(), 2);
+        let e = engine.evaluate(&ObjectKey::new("default", "web-1"));
+        assert_eq!(e.feasible, ["b1"], "zone b, as the default constraint asks");
+        assert_eq!(unfit(&e, "a2"), REASON);
+
+        let lone = pod("web-1").label("app", "web");
+        let mut engine = engine_with(two_zones(), pods(lone), selecting(), config);
+        let e = engine.evaluate(&ObjectKey::new("default", "web-1"));
+        assert_eq!(
+            e.feasible,
+            ["a1", "a2", "b1"],
+            "nothing selects it: no default"
+        );
     }
 }
