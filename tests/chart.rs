@@ -309,6 +309,16 @@ fn lint_and_render() {
             &["pods", "nodes", "namespaces"],
             &["get", "list", "watch"],
         ),
+        grant(
+            "",
+            &["services", "replicationcontrollers"],
+            &["get", "list", "watch"],
+        ),
+        grant(
+            "apps",
+            &["replicasets", "statefulsets"],
+            &["get", "list", "watch"],
+        ),
         grant("", &["pods/binding"], &["create"]),
         grant("", &["pods/status"], &["patch", "update"]),
         grant("", &["events"], &["create", "patch", "update"]),

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod queue;
 mod storage;
 pub mod throttle;
+mod workloads;
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
@@ -75,6 +76,8 @@ enum Change {
     TaintRule(Event<DeviceTaintRule>),
     /// PersistentVolumeClaims, PersistentVolumes, StorageClasses, CSINodes, CSIDrivers.
     Storage(storage::Change),
+    /// Services, ReplicationControllers, ReplicaSets, StatefulSets: their selectors.
+    Workloads(workloads::Change),
     /// A watch failed; the stream backs off and re-lists by itself.
     WatchError(&'static str, String),
 }
@@ -112,7 +115,8 @@ fn watch_all(client: &Client) -> SelectAll<BoxStream<'static, Change>> {
             watch(client, "DeviceTaintRule", Change::TaintRule),
         ]
         .into_iter()
-        .chain(storage::watches(client)),
+        .chain(storage::watches(client))
+        .chain(workloads::watches(client)),
     )
 }
 
@@ -590,7 +594,9 @@ impl Daemon {
         if self.leading && !self.fence.may_schedule(now) {
             return Some(Ending::LostLease);
         }
-        if self.informers.synced.len() < KINDS.len() + storage::KINDS.len() {
+        if self.informers.synced.len()
+            < KINDS.len() + storage::KINDS.len() + workloads::KINDS.len()
+        {
             return None;
         }
         self.ready.store(true, Ordering::Relaxed);
@@ -1065,6 +1071,7 @@ fn apply(
         Change::Slice(event) => cluster_scoped(engine, informers, &SLICES, event),
         Change::TaintRule(event) => cluster_scoped(engine, informers, &TAINT_RULES, event),
         Change::Storage(change) => storage::apply(engine, informers, book.placements(), change),
+        Change::Workloads(change) => workloads::apply(engine, informers, change),
         Change::WatchError(kind, message) => {
             tracing::warn!(kind, %message, "watch failed; backing off and re-listing");
             false
