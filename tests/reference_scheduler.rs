@@ -114,6 +114,7 @@ fn pods_made_by(object: &Object) -> Option<usize> {
         Object::Deployment(d) => Some(n(d.spec.replicas)),
         Object::ReplicaSet(r) => Some(n(r.spec.replicas)),
         Object::StatefulSet(s) => Some(n(s.spec.replicas)),
+        Object::ReplicationController(r) => Some(n(r.spec.as_ref().and_then(|s| s.replicas))),
         Object::Job(j) => {
             let spec = j.spec.clone().unwrap_or_default();
             let parallelism = n(spec.parallelism);
@@ -134,7 +135,9 @@ fn as_json(object: &Object) -> serde_json::Value {
         Object::Deployment(o) => serde_json::to_value(o),
         Object::ReplicaSet(o) => serde_json::to_value(o),
         Object::StatefulSet(o) => serde_json::to_value(o),
+        Object::ReplicationController(o) => serde_json::to_value(o),
         Object::Job(o) => serde_json::to_value(o),
+        Object::Service(o) => serde_json::to_value(o),
         Object::ResourceClaim(o) => serde_json::to_value(o),
         Object::ResourceClaimTemplate(o) => serde_json::to_value(o),
         Object::DeviceClass(o) => serde_json::to_value(o),

@@ -7,10 +7,19 @@
 //! needs nothing but the manifests: volumes without a status are Available (Bound when
 //! they name a claim), a claim that names its volume is bound to it, and a claim without a
 //! class gets the default StorageClass.
+//!
+//! A Deployment's pods are what its ReplicaSet `<deployment>-<hash>` would create: the
+//! deployment controller adds `pod-template-hash: <hash>` to the template's labels and to
+//! the ReplicaSet's selector (the Deployment's own plus that label), and kube-scheduler's
+//! default topology spreading selects the pods by that ReplicaSet. The hash is made here
+//! from the template (not the controller's own hash of the Go object, which only a live
+//! cluster computes), so it is stable and one per Deployment, like the real one. Services,
+//! ReplicationControllers, ReplicaSets and StatefulSets are kept for their selectors.
 
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
+use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetSpec};
 use k8s_openapi::api::core::v1::{
     ObjectReference, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource,
     PersistentVolumeStatus, Pod, PodResourceClaimStatus, PodStatus, PodTemplateSpec, Volume,
@@ -24,6 +33,23 @@ use super::manifests::{Loaded, ManifestError, Manifests, Object, Source};
 use dra_engine::ClusterInput;
 
 const DEFAULT_NAMESPACE: &str = "default";
+
+/// The label the deployment controller puts on its ReplicaSets' pods and selectors.
+const POD_TEMPLATE_HASH: &str = "pod-template-hash";
+
+/// A Deployment's `pod-template-hash`: FNV-1a of the template, written as the deployment
+/// controller writes its own (`rand.SafeEncodeString` of the number: no vowels, no 0, 1, 3).
+fn pod_template_hash(template: &PodTemplateSpec) -> String {
+    const ALPHANUMS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let json = serde_json::to_vec(template).unwrap_or_default();
+    let hash = json.iter().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    });
+    hash.to_string()
+        .bytes()
+        .map(|b| char::from(ALPHANUMS[usize::from(b) % ALPHANUMS.len()]))
+        .collect()
+}
 
 fn namespaced(meta: &mut ObjectMeta) {
     if meta.namespace.as_deref().is_none_or(str::is_empty) {
@@ -41,10 +67,10 @@ fn pod_from_template(
     metadata.name = Some(name);
     metadata.namespace = Some(namespace.into());
     metadata.owner_references = Some(vec![OwnerReference {
-        api_version: if owner.0 == "Job" {
-            "batch/v1"
-        } else {
-            "apps/v1"
+        api_version: match owner.0 {
+            "Job" => "batch/v1",
+            "ReplicationController" => "v1",
+            _ => "apps/v1",
         }
         .into(),
         kind: owner.0.into(),
@@ -74,6 +100,14 @@ fn pod_count(object: &Object) -> (i64, &'static str) {
         Object::Deployment(d) => (d.spec.replicas.unwrap_or(1).into(), "spec.replicas"),
         Object::ReplicaSet(rs) => (rs.spec.replicas.unwrap_or(1).into(), "spec.replicas"),
         Object::StatefulSet(ss) => (ss.spec.replicas.unwrap_or(1).into(), "spec.replicas"),
+        Object::ReplicationController(rc) => (
+            rc.spec
+                .as_ref()
+                .and_then(|s| s.replicas)
+                .unwrap_or(1)
+                .into(),
+            "spec.replicas",
+        ),
         Object::Job(job) => {
             let spec = job.spec.as_ref();
             let parallelism = spec.and_then(|s| s.parallelism).unwrap_or(1);
@@ -141,18 +175,54 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
                 let spec = d.spec;
                 let name = d.metadata.name.unwrap_or_default();
                 let ns = d.metadata.namespace.unwrap_or_default();
+                // The deployment controller's ReplicaSet for this template.
+                let hash = pod_template_hash(&spec.template);
+                let rs_name = format!("{name}-{hash}");
+                let mut template = spec.template;
+                template
+                    .metadata
+                    .get_or_insert_with(Default::default)
+                    .labels
+                    .get_or_insert_with(Default::default)
+                    .insert(POD_TEMPLATE_HASH.into(), hash.clone());
+                let mut selector = spec.selector;
+                selector
+                    .match_labels
+                    .get_or_insert_with(Default::default)
+                    .insert(POD_TEMPLATE_HASH.into(), hash);
+                input.replica_sets.push(ReplicaSet {
+                    metadata: ObjectMeta {
+                        name: Some(rs_name.clone()),
+                        namespace: Some(ns.clone()),
+                        ..Default::default()
+                    },
+                    spec: ReplicaSetSpec {
+                        replicas: spec.replicas,
+                        selector,
+                        ..Default::default()
+                    },
+                    status: None,
+                });
                 for i in 0..spec.replicas.unwrap_or(1).max(0) {
                     let pod = pod_from_template(
-                        &spec.template,
+                        &template,
                         &ns,
                         format!("{name}-{i}"),
-                        ("Deployment", &name),
+                        ("ReplicaSet", &rs_name),
                     );
                     pods.push((origin.clone(), pod));
                 }
             }
             Object::ReplicaSet(mut rs) => {
                 namespaced(&mut rs.metadata);
+                input.replica_sets.push(ReplicaSet {
+                    metadata: rs.metadata.clone(),
+                    spec: ReplicaSetSpec {
+                        selector: rs.spec.selector.clone(),
+                        ..Default::default()
+                    },
+                    status: None,
+                });
                 let spec = rs.spec;
                 let name = rs.metadata.name.unwrap_or_default();
                 let ns = rs.metadata.namespace.unwrap_or_default();
@@ -169,6 +239,10 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
             }
             Object::StatefulSet(mut ss) => {
                 namespaced(&mut ss.metadata);
+                let mut selecting = ss.clone();
+                selecting.spec.template = Default::default();
+                selecting.spec.volume_claim_templates = None;
+                input.stateful_sets.push(selecting);
                 let spec = ss.spec;
                 let name = ss.metadata.name.unwrap_or_default();
                 let ns = ss.metadata.namespace.unwrap_or_default();
@@ -206,6 +280,34 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
                     }
                     pods.push((origin.clone(), pod));
                 }
+            }
+            Object::ReplicationController(mut rc) => {
+                namespaced(&mut rc.metadata);
+                let name = rc.metadata.name.clone().unwrap_or_default();
+                let ns = rc.metadata.namespace.clone().unwrap_or_default();
+                let spec = rc.spec.get_or_insert_with(Default::default);
+                let template = spec.template.clone().unwrap_or_default();
+                // The API server's default: an empty selector is the template's labels.
+                if spec.selector.as_ref().is_none_or(BTreeMap::is_empty) {
+                    spec.selector = template.metadata.as_ref().and_then(|m| m.labels.clone());
+                }
+                for i in 0..spec.replicas.unwrap_or(1).max(0) {
+                    let pod = pod_from_template(
+                        &template,
+                        &ns,
+                        format!("{name}-{i}"),
+                        ("ReplicationController", &name),
+                    );
+                    pods.push((origin.clone(), pod));
+                }
+                if let Some(spec) = rc.spec.as_mut() {
+                    spec.template = None;
+                }
+                input.replication_controllers.push(rc);
+            }
+            Object::Service(mut service) => {
+                namespaced(&mut service.metadata);
+                input.services.push(service);
             }
             Object::Job(mut job) => {
                 namespaced(&mut job.metadata);
@@ -448,4 +550,153 @@ fn pv_controller(input: &mut ClusterInput, mut pvcs: Vec<PersistentVolumeClaim>)
         }
     }
     input.persistent_volume_claims = pvcs;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::simulate::manifests::parse_file;
+    use crate::simulate::{Options, simulate};
+
+    fn expanded(yaml: &str) -> ClusterInput {
+        let mut manifests = Manifests::default();
+        parse_file(Path::new("test.yaml"), yaml, &mut manifests).unwrap();
+        expand(manifests).unwrap()
+    }
+
+    const NODES: &str = "
+apiVersion: v1
+kind: Node
+metadata: {name: a1, labels: {kubernetes.io/hostname: a1, topology.kubernetes.io/zone: a}}
+status: {allocatable: {cpu: '8', memory: 32Gi, pods: '110'}}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: a2, labels: {kubernetes.io/hostname: a2, topology.kubernetes.io/zone: a}}
+status: {allocatable: {cpu: '8', memory: 32Gi, pods: '110'}}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: b1, labels: {kubernetes.io/hostname: b1, topology.kubernetes.io/zone: b}}
+status: {allocatable: {cpu: '8', memory: 32Gi, pods: '110'}}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: b2, labels: {kubernetes.io/hostname: b2, topology.kubernetes.io/zone: b}}
+status: {allocatable: {cpu: '8', memory: 32Gi, pods: '110'}}
+";
+
+    fn web(kind: &str, replicas: u32) -> String {
+        let api_version = if kind == "ReplicationController" {
+            "v1"
+        } else {
+            "apps/v1"
+        };
+        let selector = if kind == "ReplicationController" {
+            "{}"
+        } else {
+            "{matchLabels: {app: web}}"
+        };
+        format!(
+            "---
+apiVersion: {api_version}
+kind: {kind}
+metadata: {{name: web}}
+spec:
+  replicas: {replicas}
+  selector: {selector}
+  template:
+    metadata: {{labels: {{app: web}}}}
+    spec:
+      schedulerName: dra-scheduler
+      containers: [{{name: c, image: nginx}}]
+"
+        )
+    }
+
+    #[test]
+    fn a_deployments_pods_are_its_replica_sets_with_the_template_hash() {
+        let input = expanded(&web("Deployment", 2));
+        let [rs] = input.replica_sets.as_slice() else {
+            panic!("one ReplicaSet: {:?}", input.replica_sets);
+        };
+        let rs_name = rs.metadata.name.clone().unwrap();
+        let hash = rs_name.strip_prefix("web-").unwrap();
+        assert!(!hash.is_empty());
+        let selector = rs.spec.selector.match_labels.clone().unwrap();
+        assert_eq!(selector["app"], "web");
+        assert_eq!(selector[POD_TEMPLATE_HASH], hash);
+        for pod in &input.pods {
+            let labels = pod.metadata.labels.clone().unwrap();
+            assert_eq!(labels[POD_TEMPLATE_HASH], hash);
+            let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
+            assert_eq!(
+                (owner.api_version.as_str(), owner.kind.as_str()),
+                ("apps/v1", "ReplicaSet")
+            );
+            assert_eq!(owner.name, rs_name);
+        }
+        assert_eq!(
+            expanded(&web("Deployment", 2)).replica_sets[0]
+                .metadata
+                .name,
+            Some(rs_name),
+            "the same template, the same hash"
+        );
+    }
+
+    #[test]
+    fn a_replication_controllers_empty_selector_is_its_templates_labels() {
+        let input = expanded(&web("ReplicationController", 2));
+        assert_eq!(input.pods.len(), 2);
+        let selector = input.replication_controllers[0]
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.clone());
+        assert_eq!(
+            selector,
+            Some(BTreeMap::from([("app".into(), "web".into())]))
+        );
+        let owner = &input.pods[0].metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(owner.api_version, "v1");
+    }
+
+    /// Where each replica of `web` went, by pod name.
+    fn placed(yaml: &str) -> Vec<String> {
+        let sim = simulate(&Options::default(), expanded(yaml));
+        sim.pods
+            .iter()
+            .map(|(_, d)| d.as_ref().and_then(|d| d.node()).unwrap_or("-").to_string())
+            .collect()
+    }
+
+    #[test]
+    fn replicas_spread_by_zone_and_node_as_kube_scheduler_defaults_do() {
+        for kind in [
+            "Deployment",
+            "ReplicaSet",
+            "StatefulSet",
+            "ReplicationController",
+        ] {
+            let yaml = format!("{NODES}{}", web(kind, 3));
+            // a1 first (ties go to the first node), then the other zone, then an empty
+            // node of zone a.
+            assert_eq!(placed(&yaml), ["a1", "b1", "a2"], "{kind}");
+        }
+        let job = web("Job", 3)
+            .replace("apps/v1", "batch/v1")
+            .replace("replicas", "parallelism")
+            .replace("  selector: {matchLabels: {app: web}}\n", "");
+        assert_eq!(
+            placed(&format!("{NODES}{job}")),
+            ["a1", "a2", "b1"],
+            "nothing kube-scheduler follows selects a Job's pods"
+        );
+        let service = "---\napiVersion: v1\nkind: Service\nmetadata: {name: web}\n\
+                       spec: {selector: {app: web}}\n";
+        let yaml = format!("{NODES}{job}{service}");
+        assert_eq!(placed(&yaml), ["a1", "b1", "a2"], "a Service selects them");
+    }
 }

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{
+    Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, ReplicationController, Service,
+};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, DeviceTaintRule, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
@@ -54,7 +56,10 @@ pub enum Object {
     Deployment(Deployment),
     ReplicaSet(ReplicaSet),
     StatefulSet(StatefulSet),
+    ReplicationController(ReplicationController),
     Job(Job),
+    /// Only its selector plays a part: PodTopologySpread's default constraints.
+    Service(Service),
     ResourceClaim(ResourceClaim),
     ResourceClaimTemplate(ResourceClaimTemplate),
     DeviceClass(DeviceClass),
@@ -77,7 +82,9 @@ impl Object {
             Object::Deployment(_) => "Deployment",
             Object::ReplicaSet(_) => "ReplicaSet",
             Object::StatefulSet(_) => "StatefulSet",
+            Object::ReplicationController(_) => "ReplicationController",
             Object::Job(_) => "Job",
+            Object::Service(_) => "Service",
             Object::ResourceClaim(_) => "ResourceClaim",
             Object::ResourceClaimTemplate(_) => "ResourceClaimTemplate",
             Object::DeviceClass(_) => "DeviceClass",
@@ -100,7 +107,9 @@ impl Object {
             Object::Deployment(o) => &o.metadata,
             Object::ReplicaSet(o) => &o.metadata,
             Object::StatefulSet(o) => &o.metadata,
+            Object::ReplicationController(o) => &o.metadata,
             Object::Job(o) => &o.metadata,
+            Object::Service(o) => &o.metadata,
             Object::ResourceClaim(o) => &o.metadata,
             Object::ResourceClaimTemplate(o) => &o.metadata,
             Object::DeviceClass(o) => &o.metadata,
@@ -144,7 +153,7 @@ pub struct Loaded {
     pub object: Object,
 }
 
-/// A document of a kind that plays no part in scheduling (a Service, a ConfigMap, ...).
+/// A document of a kind that plays no part in scheduling (a ConfigMap, a Secret, ...).
 #[derive(Clone, Debug)]
 pub struct Ignored {
     pub source: Source,
@@ -159,7 +168,6 @@ pub struct Manifests {
 
 /// Kinds that may sit beside workloads in a manifest folder but do not affect placement.
 const IGNORED_KINDS: &[&str] = &[
-    "Service",
     "ConfigMap",
     "Secret",
     "ServiceAccount",
@@ -497,7 +505,11 @@ fn parse_object(value: Value, source: &Source, into: &mut Manifests) -> Result<(
         "Deployment" => expect("apps/v1").and_then(|_| strict(&value).map(Object::Deployment)),
         "ReplicaSet" => expect("apps/v1").and_then(|_| strict(&value).map(Object::ReplicaSet)),
         "StatefulSet" => expect("apps/v1").and_then(|_| strict(&value).map(Object::StatefulSet)),
+        "ReplicationController" => {
+            expect("v1").and_then(|_| strict(&value).map(Object::ReplicationController))
+        }
         "Job" => expect("batch/v1").and_then(|_| strict(&value).map(Object::Job)),
+        "Service" => expect("v1").and_then(|_| strict(&value).map(Object::Service)),
         "PriorityClass" => {
             expect("scheduling.k8s.io/v1").and_then(|_| strict(&value).map(Object::PriorityClass))
         }
@@ -537,9 +549,9 @@ fn parse_object(value: Value, source: &Source, into: &mut Manifests) -> Result<(
         }
         other => Err(error(format!(
             "kind {other} is not one simulate understands (Namespace, Node, Pod, Deployment, \
-             ReplicaSet, StatefulSet, Job, PriorityClass, ResourceClaim, ResourceClaimTemplate, \
-             DeviceClass, ResourceSlice, DeviceTaintRule, PersistentVolume, PersistentVolumeClaim, \
-             StorageClass, CSINode, CSIDriver)"
+             ReplicaSet, StatefulSet, ReplicationController, Job, Service, PriorityClass, \
+             ResourceClaim, ResourceClaimTemplate, DeviceClass, ResourceSlice, DeviceTaintRule, \
+             PersistentVolume, PersistentVolumeClaim, StorageClass, CSINode, CSIDriver)"
         ))),
     };
     let object = object.map_err(|mut e| {
@@ -704,10 +716,14 @@ mod tests {
     }
 
     #[test]
-    fn services_are_ignored_not_rejected() {
-        let m = parse("apiVersion: v1\nkind: Service\nmetadata: {name: web}\n").unwrap();
-        assert!(m.objects.is_empty());
-        assert_eq!(m.ignored[0].object, "Service web");
+    fn services_are_read_for_their_selector_and_config_maps_ignored() {
+        let m = parse(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {selector: {app: web}}\n\
+             ---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings}\n",
+        )
+        .unwrap();
+        assert!(matches!(m.objects[0].object, Object::Service(_)));
+        assert_eq!(m.ignored[0].object, "ConfigMap settings");
     }
 
     #[test]

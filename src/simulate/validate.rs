@@ -16,7 +16,8 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
     Container, Namespace, Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod,
-    PodSpec, PodTemplateSpec, ResourceRequirements, Taint, Toleration,
+    PodSpec, PodTemplateSpec, ReplicationController, ResourceRequirements, Service, Taint,
+    Toleration,
 };
 use k8s_openapi::api::resource::v1::{
     CounterSet, Device, DeviceAttribute, DeviceClaim, DeviceClass, DeviceSelector, DeviceTaint,
@@ -68,7 +69,9 @@ pub fn validate(object: &Object) -> Check {
         Object::Deployment(d) => deployment(d),
         Object::ReplicaSet(rs) => replica_set(rs),
         Object::StatefulSet(ss) => stateful_set(ss),
+        Object::ReplicationController(rc) => replication_controller(rc),
         Object::Job(job) => self::job(job),
+        Object::Service(service) => self::service(service),
         Object::ResourceClaim(claim) => resource_claim(claim),
         Object::ResourceClaimTemplate(t) => resource_claim_template(t),
         Object::DeviceClass(class) => device_class(class),
@@ -847,6 +850,26 @@ fn stateful_set(ss: &StatefulSet) -> Check {
     let spec = &ss.spec;
     non_negative("spec.replicas", spec.replicas.unwrap_or(1).into())?;
     template("spec.template", &spec.template)
+}
+
+fn replication_controller(rc: &ReplicationController) -> Check {
+    metadata(&rc.metadata, NameRule::Subdomain, true)?;
+    let Some(spec) = rc.spec.as_ref() else {
+        return Ok(());
+    };
+    non_negative("spec.replicas", spec.replicas.unwrap_or(1).into())?;
+    labels("spec.selector", spec.selector.as_ref())?;
+    match spec.template.as_ref() {
+        Some(t) => template("spec.template", t),
+        None => Ok(()),
+    }
+}
+
+/// Only what the scheduler reads: the name and the selector.
+fn service(service: &Service) -> Check {
+    metadata(&service.metadata, NameRule::Label, true)?;
+    let selector = service.spec.as_ref().and_then(|s| s.selector.as_ref());
+    labels("spec.selector", selector)
 }
 
 fn job(job: &Job) -> Check {
