@@ -124,6 +124,11 @@ pub struct Case {
     pub resource_claims: Vec<Value>,
     pub device_classes: Vec<Value>,
     pub resource_slices: Vec<Value>,
+    /// What selects pods, for PodTopologySpread's default constraints.
+    pub services: Vec<Value>,
+    pub replication_controllers: Vec<Value>,
+    pub replica_sets: Vec<Value>,
+    pub stateful_sets: Vec<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub config: Option<Value>,
 }
@@ -192,6 +197,10 @@ pub fn generate(family: Family, seed: u64) -> Case {
     let pending = g.rng.range(1, 3);
     for i in 0..pending {
         g.pending_pod(i);
+    }
+    // Last, so that the cases drawn before are unchanged by it.
+    if family.spread() {
+        g.workloads();
     }
     g.case
 }
@@ -886,6 +895,156 @@ impl Gen<'_> {
                          "resources": {"requests": {"storage": "1Gi"}}},
                 "status": {"phase": "Pending"},
             }));
+        }
+    }
+
+    /// Services and controllers (ReplicaSets, StatefulSets, ReplicationControllers) that
+    /// select some of the pods, which then get PodTopologySpread's default constraints when
+    /// they have none of their own; and, in the config family, `List` defaults.
+    fn workloads(&mut self) {
+        for namespace in NAMESPACES {
+            for app in APPS {
+                let members: Vec<usize> = (0..self.case.pods.len())
+                    .filter(|&i| {
+                        let meta = &self.case.pods[i]["metadata"];
+                        meta["namespace"] == namespace && meta["labels"]["app"] == app
+                    })
+                    .collect();
+                if members.is_empty() || !self.rng.chance(60) {
+                    continue;
+                }
+                if self.rng.chance(50) {
+                    let mut selector = json!({"app": app});
+                    if self.rng.chance(25) {
+                        selector["tier"] = json!(*self.rng.pick(&TIERS));
+                    }
+                    self.case.services.push(json!({
+                        "metadata": {"name": format!("{app}-svc"), "namespace": namespace},
+                        "spec": {"selector": selector}}));
+                }
+                let kind = *self.rng.pick(&[
+                    "ReplicaSet",
+                    "ReplicaSet",
+                    "StatefulSet",
+                    "ReplicationController",
+                    "",
+                ]);
+                if kind.is_empty() {
+                    continue;
+                }
+                let name = format!("{app}-{}", kind.to_lowercase());
+                let meta = json!({"name": name, "namespace": namespace});
+                let template = json!({"metadata": {"labels": {"app": app}}});
+                let api_version = if kind == "ReplicationController" {
+                    let mut selector = json!({"app": app});
+                    if self.rng.chance(25) {
+                        selector["tier"] = json!(*self.rng.pick(&TIERS));
+                    }
+                    self.case.replication_controllers.push(
+                        json!({"metadata": meta, "spec": {"selector": selector, "template": template}}),
+                    );
+                    "v1"
+                } else {
+                    let mut selector = json!({"matchLabels": {"app": app}});
+                    match self.rng.below(5) {
+                        0 => {
+                            let op = *self.rng.pick(&["In", "NotIn"]);
+                            selector["matchExpressions"] = json!([{"key": "tier",
+                                "operator": op, "values": [*self.rng.pick(&TIERS)]}]);
+                        }
+                        1 => {
+                            let op = *self.rng.pick(&["Exists", "DoesNotExist"]);
+                            selector["matchExpressions"] =
+                                json!([{"key": "version", "operator": op}]);
+                        }
+                        _ => {}
+                    }
+                    let object = json!({"metadata": meta,
+                        "spec": {"selector": selector, "template": template}});
+                    if kind == "ReplicaSet" {
+                        self.case.replica_sets.push(object);
+                    } else {
+                        self.case.stateful_sets.push(object);
+                    }
+                    "apps/v1"
+                };
+                for i in members {
+                    if !self.rng.chance(75) {
+                        continue;
+                    }
+                    // Now and then an owner kube-scheduler does not follow: not the
+                    // controller, an old API version, or one that does not exist.
+                    let (api_version, controller, owner) = match self.rng.below(12) {
+                        0 => (api_version, false, name.clone()),
+                        1 => ("extensions/v1beta1", true, name.clone()),
+                        2 => (api_version, true, format!("{name}-gone")),
+                        _ => (api_version, true, name.clone()),
+                    };
+                    let pod = &mut self.case.pods[i];
+                    pod["metadata"]["ownerReferences"] = json!([{"apiVersion": api_version,
+                        "kind": kind, "name": owner, "uid": format!("uid-{kind}-{owner}"),
+                        "controller": controller}]);
+                }
+            }
+        }
+        if self.rng.chance(10) {
+            let spec = self.rng.pick(&[json!({}), json!({"selector": {}})]).clone();
+            let namespace = *self.rng.pick(&NAMESPACES);
+            self.case.services.push(
+                json!({"metadata": {"name": "no-selector", "namespace": namespace}, "spec": spec}),
+            );
+        }
+        // Pending pods that something selects lose their own constraints now and then, so
+        // that the defaults apply to them.
+        let pending: Vec<String> = self.case.pending.clone();
+        for pod in self.case.pods.iter_mut() {
+            let meta = &pod["metadata"];
+            let key = format!(
+                "{}/{}",
+                meta["namespace"].as_str().unwrap_or_default(),
+                meta["name"].as_str().unwrap_or_default()
+            );
+            if pending.contains(&key)
+                && self.rng.chance(50)
+                && let Some(spec) = pod["spec"].as_object_mut()
+            {
+                spec.remove("topologySpreadConstraints");
+            }
+        }
+        if self.family == Family::Config && self.rng.chance(40) {
+            let constraints: Vec<Value> = self
+                .rng
+                .some(
+                    &[
+                        (ZONE, "DoNotSchedule"),
+                        (ZONE, "ScheduleAnyway"),
+                        (HOSTNAME, "DoNotSchedule"),
+                        (HOSTNAME, "ScheduleAnyway"),
+                    ],
+                    0,
+                    2,
+                )
+                .into_iter()
+                .map(|(key, when)| {
+                    json!({"topologyKey": key, "whenUnsatisfiable": when,
+                           "maxSkew": self.rng.range(1, 2)})
+                })
+                .collect();
+            let args = json!({"name": "PodTopologySpread", "args": {
+                "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "PodTopologySpreadArgs",
+                "defaultingType": "List", "defaultConstraints": constraints}});
+            if let Some(profile) = self
+                .case
+                .config
+                .as_mut()
+                .and_then(|c| c["profiles"].get_mut(0))
+            {
+                let list = &mut profile["pluginConfig"];
+                if list.is_null() {
+                    *list = json!([]);
+                }
+                list.as_array_mut().unwrap().push(args);
+            }
         }
     }
 

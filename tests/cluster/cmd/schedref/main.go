@@ -17,6 +17,9 @@
 //	 "persistentVolumeClaims": [PersistentVolumeClaim], "storageClasses": [StorageClass],
 //	 "csiNodes": [CSINode], "csiDrivers": [CSIDriver], "resourceClaims": [ResourceClaim],
 //	 "deviceClasses": [DeviceClass], "resourceSlices": [ResourceSlice],
+//	 "services": [Service], "replicationControllers": [ReplicationController],
+//	 "replicaSets": [ReplicaSet], "statefulSets": [StatefulSet] (what PodTopologySpread's
+//	           default constraints take their selector from),
 //	 "config": KubeSchedulerConfiguration (optional; a JSON object, or a string of YAML or
 //	           JSON; kubescheduler.config.k8s.io/v1, defaulted as kube-scheduler does; its
 //	           first profile is used. Without it: the default profile)}
@@ -57,6 +60,7 @@ import (
 	"sync"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -103,6 +107,10 @@ type cluster struct {
 	ResourceClaims         []resourceapi.ResourceClaim `json:"resourceClaims"`
 	DeviceClasses          []resourceapi.DeviceClass   `json:"deviceClasses"`
 	ResourceSlices         []resourceapi.ResourceSlice `json:"resourceSlices"`
+	Services               []v1.Service                `json:"services"`
+	ReplicationControllers []v1.ReplicationController  `json:"replicationControllers"`
+	ReplicaSets            []appsv1.ReplicaSet         `json:"replicaSets"`
+	StatefulSets           []appsv1.StatefulSet        `json:"statefulSets"`
 	Config                 json.RawMessage             `json:"config"`
 }
 
@@ -252,6 +260,30 @@ func (c *cluster) objects() []k8sruntime.Object {
 	}
 	for i := range c.ResourceSlices {
 		objs = append(objs, &c.ResourceSlices[i])
+	}
+	// Served by the fake clientset like the rest; PodTopologySpread lists them through the
+	// informer factory's Services, ReplicationControllers, ReplicaSets and StatefulSets.
+	namespaced := func(m *metav1.ObjectMeta, kind string) {
+		if m.Namespace == "" {
+			m.Namespace = metav1.NamespaceDefault
+		}
+		uid(m, kind)
+	}
+	for i := range c.Services {
+		namespaced(&c.Services[i].ObjectMeta, "service")
+		objs = append(objs, &c.Services[i])
+	}
+	for i := range c.ReplicationControllers {
+		namespaced(&c.ReplicationControllers[i].ObjectMeta, "rc")
+		objs = append(objs, &c.ReplicationControllers[i])
+	}
+	for i := range c.ReplicaSets {
+		namespaced(&c.ReplicaSets[i].ObjectMeta, "rs")
+		objs = append(objs, &c.ReplicaSets[i])
+	}
+	for i := range c.StatefulSets {
+		namespaced(&c.StatefulSets[i].ObjectMeta, "ss")
+		objs = append(objs, &c.StatefulSets[i])
 	}
 	return objs
 }
