@@ -594,8 +594,7 @@ impl Daemon {
         if self.leading && !self.fence.may_schedule(now) {
             return Some(Ending::LostLease);
         }
-        if self.informers.synced.len()
-            < KINDS.len() + storage::KINDS.len() + workloads::KINDS.len()
+        if self.informers.synced.len() < KINDS.len() + storage::KINDS.len() + workloads::KINDS.len()
         {
             return None;
         }
