@@ -15,6 +15,13 @@
 #                                 what RBAC grants NAME)
 #   cluster.sh restart-apiserver DIR [SECONDS]  stop kube-apiserver, wait SECONDS (default
 #                                 0), start it again with the same flags and state
+#   cluster.sh build-node         build kubelet, containerd, its runc shim, ctr and the
+#                                 sandbox program, whichever is missing (see NODE_BIN below)
+#   cluster.sh node [DIR]         (after up) start a real node on this machine: containerd
+#                                 and kubelet, registered as Node node-1; `down` stops it
+#                                 and removes its containers, mounts, cgroups and sockets
+#   cluster.sh ctr DIR ARGS...    run ctr against the node's containerd (namespace k8s.io),
+#                                 e.g. `ctr DIR images import IMAGE.tar`
 #
 # DIR defaults to tests/cluster/.run/default. Each DIR is an independent cluster on its own
 # free ports, so several test binaries can each have one.
@@ -27,6 +34,17 @@ K8S_VERSION=v1.37.2
 BIN=${DRA_CLUSTER_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/dra-scheduler/control-plane-$K8S_VERSION}
 DEFAULT_DIR="$HERE/.run/default"
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+
+# The real node (`cluster.sh node`): kubelet from the same k8s.io/kubernetes module, and
+# containerd from its own module in node/, kept per machine like the control plane.
+CONTAINERD_VERSION=v2.4.2
+NODE_BIN=${DRA_NODE_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/dra-scheduler/node-$K8S_VERSION-containerd-$CONTAINERD_VERSION}
+NODE_COMPONENTS=(kubelet containerd containerd-shim-runc-v2 ctr pause)
+NODE_NAME=node-1
+# Images made on this machine from local files (no registry is reachable): the sandbox,
+# and busybox (Debian's busybox-static) for test pods.
+PAUSE_IMAGE=localhost/dra-scheduler/pause:test
+BUSYBOX_IMAGE=localhost/dra-scheduler/busybox:test
 
 # Every DRA feature gate Kubernetes 1.37 knows, on (plus the gates two of them depend on).
 # GA gates that are locked to true are listed too: setting them to their locked value is allowed.
@@ -99,6 +117,45 @@ build() {
   (cd "$HERE" && go build -trimpath -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}") \
     || { rm -rf "$tmp"; die "go build failed for ${missing[*]}"; }
   mv "$tmp"/* "$BIN/"
+  rmdir "$tmp"
+}
+
+# The binaries of the real node. kubelet is stamped like the control plane; containerd
+# without the btrfs, zfs and devmapper snapshotters (the node uses `native`), static as
+# containerd's own release builds the shim.
+build_node() {
+  local missing=()
+  for c in "${NODE_COMPONENTS[@]}"; do [[ -x "$NODE_BIN/$c" ]] || missing+=("$c"); done
+  [[ ${#missing[@]} -eq 0 ]] && return 0
+  command -v go >/dev/null || die "go is not installed; it is needed to build ${missing[*]}"
+  log "building ${missing[*]} from Go modules (first time: about 10 minutes on 2 cores)"
+  mkdir -p "$NODE_BIN"
+  local tmp pkgs=() c
+  tmp=$(mktemp -d "$NODE_BIN/.build.XXXXXX")
+  if [[ " ${missing[*]} " == *" kubelet "* ]]; then
+    local v=${K8S_VERSION#v} ldflags="" pkg
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=${v%%.*}"
+      ldflags+=" -X $pkg.gitMinor=$(echo "$v" | cut -d. -f2) -X $pkg.gitTreeState=clean"
+    done
+    (cd "$HERE" && go build -trimpath -ldflags "$ldflags" -o "$tmp/" k8s.io/kubernetes/cmd/kubelet) \
+      || { rm -rf "$tmp"; die "go build failed for kubelet"; }
+  fi
+  for c in "${missing[@]}"; do
+    case "$c" in
+      kubelet) ;;
+      pause) pkgs+=(./pause) ;;
+      *) pkgs+=("github.com/containerd/containerd/v2/cmd/$c") ;;
+    esac
+  done
+  if [[ ${#pkgs[@]} -gt 0 ]]; then
+    (cd "$HERE/node" && CGO_ENABLED=0 go build -trimpath \
+      -tags "urfave_cli_no_docs no_btrfs no_zfs no_devmapper" \
+      -ldflags "-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \
+      -o "$tmp/" "${pkgs[@]}") \
+      || { rm -rf "$tmp"; die "go build failed for ${pkgs[*]}"; }
+  fi
+  mv "$tmp"/* "$NODE_BIN/"
   rmdir "$tmp"
 }
 
@@ -191,7 +248,10 @@ start_apiserver() {
   api_port=$(cat "$dir/apiserver.port")
   local pki=$dir/pki
   # --allow-privileged as every real cluster (kubeadm, kind, the clouds) sets it: kubelet
-  # DRA plugins such as the chart's node agent run privileged.
+  # DRA plugins such as the chart's node agent run privileged. It reaches kubelets (logs,
+  # exec, port-forward on a `cluster.sh node`) with the admin certificate, which kubelet's
+  # webhook authorizer allows, at the node's InternalIP (its name resolves nowhere);
+  # without a node it never uses either.
   start "$dir" kube-apiserver "$BIN/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$etcd_client" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
@@ -208,7 +268,9 @@ start_apiserver() {
     --disable-admission-plugins TaintNodesByCondition \
     --enable-priority-and-fairness=false \
     --profiling=false \
-    --allow-privileged=true
+    --allow-privileged=true \
+    --kubelet-client-certificate "$pki/admin.crt" --kubelet-client-key "$pki/admin.key" \
+    --kubelet-preferred-address-types InternalIP
 }
 
 restart_apiserver() {
@@ -326,9 +388,285 @@ EOF
   log "kube-scheduler started (schedulerName $name)"
 }
 
+# Kernel settings kubelet changes at start (vm.overcommit_memory, kernel.panic, ...):
+# saved before it starts, put back by `down`.
+NODE_SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops
+  kernel/keys/root_maxkeys kernel/keys/root_maxbytes)
+
+node_missing() {
+  local missing=()
+  [[ $(id -u) -eq 0 ]] || missing+=("root (kubelet and containerd run as root)")
+  command -v runc >/dev/null || missing+=("runc (apt-get install runc)")
+  [[ -x /bin/busybox ]] || missing+=("/bin/busybox (apt-get install busybox-static)")
+  [[ -d /sys/fs/cgroup/memory || -f /sys/fs/cgroup/cgroup.controllers ]] \
+    || missing+=("cgroups (/sys/fs/cgroup has neither a memory controller nor cgroup v2)")
+  command -v mount >/dev/null || missing+=("mount (apt-get install mount)")
+  [[ -n $(node_ip) ]] || missing+=("a non-loopback IPv4 address (kubelet refuses 127.0.0.1 as its node IP)")
+  [[ ${#missing[@]} -eq 0 ]] || die "a node cannot run on this machine; missing: ${missing[*]}"
+}
+
+# This machine's first global IPv4 address: the node's IP.
+node_ip() {
+  python3 - <<'EOF'
+import socket, fcntl, struct, os
+for name in sorted(os.listdir("/sys/class/net")):
+    if name == "lo":
+        continue
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+    except OSError:
+        continue
+    ip = socket.inet_ntoa(packed[20:24])
+    if not ip.startswith(("127.", "169.254.")):
+        print(ip)
+        break
+EOF
+}
+
+# The node's images, as OCI archives, imported into its containerd.
+node_images() {
+  local dir=$1 nd=$1/node root
+  root=$nd/images
+  mkdir -p "$root/pause" "$root/busybox/bin"
+  cp "$NODE_BIN/pause" "$root/pause/pause"
+  local arch
+  arch=$(node_arch)
+  OCI_ARCH=$arch "$HERE/node/oci-image.sh" "$root/pause.tar" "$PAUSE_IMAGE" "$root/pause" -- /pause
+  cp /bin/busybox "$root/busybox/bin/busybox"
+  local applet
+  for applet in $(/bin/busybox --list); do
+    [[ $applet == busybox ]] || ln -sf busybox "$root/busybox/bin/$applet"
+  done
+  OCI_ARCH=$arch "$HERE/node/oci-image.sh" "$root/busybox.tar" "$BUSYBOX_IMAGE" "$root/busybox" -- /bin/sh
+  node_ctr "$dir" images import "$root/pause.tar" >/dev/null 2>&1 \
+    || node_ctr "$dir" images import "$root/pause.tar" || die "ctr could not import $root/pause.tar"
+  node_ctr "$dir" images import "$root/busybox.tar" >/dev/null 2>&1 \
+    || node_ctr "$dir" images import "$root/busybox.tar" || die "ctr could not import $root/busybox.tar"
+}
+
+# The Go name of this machine's architecture, as images name their platform.
+node_arch() {
+  case "$(uname -m)" in
+    x86_64) echo amd64 ;;
+    aarch64) echo arm64 ;;
+    *) uname -m ;;
+  esac
+}
+
+node_ctr() {
+  local dir=$1; shift
+  "$NODE_BIN/ctr" --address "$dir/node/containerd/containerd.sock" --namespace k8s.io "$@"
+}
+
+start_node() {
+  local dir=$1 nd=$1/node
+  [[ -f "$dir/admin.kubeconfig" ]] || die "no cluster in $dir (cluster.sh up $dir first)"
+  [[ ! -d "$nd" ]] || die "a node already runs in $dir"
+  node_missing
+  build_node
+  mkdir -p "$nd/containerd" "$nd/kubelet" "$nd/pod-logs" "$nd/volume-plugins" "$nd/cni/net.d"
+  # What kubelet and containerd create outside DIR, for `down` to remove.
+  local f
+  for f in "${NODE_SYSCTLS[@]}"; do echo "$f $(cat "/proc/sys/$f")"; done >"$nd/sysctl.saved"
+  for f in /var/log/containers /run/containerd/s /run/containerd; do
+    [[ -e $f ]] && echo "$f"
+  done >"$nd/existed"
+
+  local runc feature_map gate
+  runc=$(command -v runc)
+  cat >"$nd/containerd.toml" <<EOF
+version = 3
+root = "$nd/containerd/root"
+state = "$nd/containerd/state"
+# NRI's socket and /opt/containerd would live outside DIR; the node needs neither.
+disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt"]
+
+[grpc]
+  address = "$nd/containerd/containerd.sock"
+[ttrpc]
+  address = "$nd/containerd/containerd.sock.ttrpc"
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "native"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "$PAUSE_IMAGE"
+
+[plugins.'io.containerd.cri.v1.runtime']
+  # This machine may not lower oom_score_adj: without this runc fails every sandbox with
+  # "can't get final child's PID from pipe: EOF".
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  # CDI is always on in containerd 2; these are its default folders, where DRA drivers
+  # write their specs.
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+    BinaryName = "$runc"
+    Root = "$nd/containerd/runc"
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    conf_dir = "$nd/cni/net.d"
+    bin_dirs = ["$nd/cni/bin"]
+
+# ctr images import (through the transfer service) unpacks for the snapshotter CRI uses.
+[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
+  platform = "linux/$(node_arch)"
+  snapshotter = "native"
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+EOF
+  start "$dir" containerd env PATH="$NODE_BIN:$PATH" "$NODE_BIN/containerd" --config "$nd/containerd.toml"
+  wait_for containerd 60 "$dir" node_ctr "$dir" version || die "containerd did not start"
+  node_images "$dir"
+
+  (cd "$dir/pki" && leaf kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" client.ext)
+  kubeconfig "$dir" kubelet "$(cat "$dir/apiserver.port")"
+  # kubelet refuses a loopback node IP, and kube-apiserver reaches kubelet (logs, exec,
+  # port-forward) at the IP the Node reports: the machine's own address, which kubelet
+  # alone listens on. That traffic never leaves the machine.
+  local port healthz node_ip
+  node_ip=$(node_ip)
+  port=$(free_port)
+  healthz=$(free_port)
+  echo "$port" >"$nd/kubelet.port"
+  feature_map=""
+  for gate in "${DRA_FEATURE_GATES[@]}"; do feature_map+="  $gate: true"$'\n'; done
+  cat >"$nd/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $node_ip
+port: $port
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: $healthz
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $dir/pki/ca.crt}
+authorization: {mode: Webhook}
+containerRuntimeEndpoint: unix://$nd/containerd/containerd.sock
+imageServiceEndpoint: unix://$nd/containerd/containerd.sock
+podLogsDir: $nd/pod-logs
+volumePluginDir: $nd/volume-plugins
+# This machine: cgroup v1, swap allowed, no systemd; no QoS cgroups or allocatable
+# enforcement (kubelet would need to own the cgroup tree).
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+localStorageCapacityIsolation: false
+# The test machine's disk may be nearly full: never evict for it, never collect the
+# images made for the tests.
+evictionHard: {memory.available: "1Mi", nodefs.available: "1Mi", imagefs.available: "1Mi"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+featureGates:
+$feature_map
+EOF
+  # PATH without /usr/sbin: kubelet finds no iptables, so it adds no rules to this
+  # machine's firewall (it would otherwise add a KUBE-FIREWALL chain to INPUT and OUTPUT).
+  start "$dir" kubelet env PATH=/usr/local/bin:/usr/bin:/bin "$NODE_BIN/kubelet" \
+    --config "$nd/kubelet.yaml" \
+    --kubeconfig "$dir/kubelet.kubeconfig" \
+    --root-dir "$nd/kubelet" \
+    --cert-dir "$nd/kubelet/pki" \
+    --hostname-override "$NODE_NAME" \
+    --node-ip "$node_ip"
+  wait_for kubelet 120 "$dir" \
+    "$BIN/kubectl" --kubeconfig "$dir/admin.kubeconfig" get node "$NODE_NAME" \
+    || die "kubelet did not register Node $NODE_NAME"
+  log "node $NODE_NAME up in $dir (kubelet $node_ip:$port, containerd $nd/containerd/containerd.sock)"
+  echo "$NODE_NAME"
+}
+
+# Mount points under a folder, deepest first.
+mounts_under() {
+  awk -v d="$1/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r -u
+}
+
+# Stop the node of DIR and remove everything it made outside DIR; leaves no mount under
+# DIR (so `rm -rf DIR` cannot reach into a mounted folder).
+node_down() {
+  local dir=$1 nd=$1/node pid i
+  # kubelet first, or it would start again what is stopped below.
+  if [[ -f "$dir/pids/kubelet" ]]; then
+    pid=$(cat "$dir/pids/kubelet")
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+  fi
+  # Container ids (pods' sandboxes and containers), from containerd's state on disk.
+  local ids=() id
+  for f in "$nd"/containerd/root/io.containerd.grpc.v1.cri/{containers,sandboxes}/* \
+    "$nd"/containerd/state/io.containerd.runtime.v2.task/*/*; do
+    [[ -d $f ]] && ids+=("$(basename "$f")")
+  done
+  # Every container and its shim, through containerd while it runs.
+  if [[ -S "$nd/containerd/containerd.sock" ]] && node_ctr "$dir" version >/dev/null 2>&1; then
+    for id in $(node_ctr "$dir" tasks ls -q 2>/dev/null); do
+      timeout 20 "$NODE_BIN/ctr" --address "$nd/containerd/containerd.sock" --namespace k8s.io \
+        tasks delete --force "$id" >/dev/null 2>&1 || true
+    done
+  fi
+  if [[ -f "$dir/pids/containerd" ]]; then
+    pid=$(cat "$dir/pids/containerd")
+    kill -TERM -- "-$pid" 2>/dev/null || true
+    for ((i = 0; i < 40; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+  fi
+  # Whatever is left: processes in the containers' cgroups, and shims (their command line
+  # names this node's containerd socket).
+  local cg p
+  for id in "${ids[@]}"; do
+    for cg in /sys/fs/cgroup/k8s.io/"$id" /sys/fs/cgroup/*/k8s.io/"$id"; do
+      [[ -f $cg/cgroup.procs ]] || continue
+      while read -r p; do kill -KILL "$p" 2>/dev/null || true; done <"$cg/cgroup.procs"
+    done
+  done
+  for p in /proc/[0-9]*; do
+    if tr '\0' ' ' 2>/dev/null <"$p/cmdline" | grep -qF "$nd/containerd/"; then
+      kill -KILL "${p#/proc/}" 2>/dev/null || true
+    fi
+  done
+  # Mounts: kubelet's root dir (a bind mount onto itself), volumes, containers' rootfs.
+  local m
+  for ((i = 0; i < 20; i++)); do
+    for m in $(mounts_under "$dir"); do umount "$m" 2>/dev/null || true; done
+    [[ -z $(mounts_under "$dir") ]] && break
+    sleep 0.25
+  done
+  for m in $(mounts_under "$dir"); do umount -l "$m" 2>/dev/null || true; done
+  # Cgroups containerd made, one per container, under k8s.io in each hierarchy; k8s.io
+  # itself when no other node uses it.
+  for id in "${ids[@]}"; do
+    for cg in /sys/fs/cgroup/k8s.io/"$id" /sys/fs/cgroup/*/k8s.io/"$id"; do
+      [[ -d $cg ]] || continue
+      for ((i = 0; i < 20; i++)); do rmdir "$cg" 2>/dev/null && break; sleep 0.25; done
+    done
+  done
+  for cg in /sys/fs/cgroup/k8s.io /sys/fs/cgroup/*/k8s.io; do
+    [[ -d $cg ]] && rmdir "$cg" 2>/dev/null || true
+  done
+  # Log links kubelet made in /var/log/containers; shim sockets' folder; kernel settings.
+  if [[ -d /var/log/containers ]]; then
+    find /var/log/containers -maxdepth 1 -type l -lname "$nd/*" -delete 2>/dev/null || true
+  fi
+  for f in /var/log/containers /run/containerd/s /run/containerd; do
+    grep -qxF "$f" "$nd/existed" 2>/dev/null || rmdir "$f" 2>/dev/null || true
+  done
+  if [[ -f "$nd/sysctl.saved" ]]; then
+    local key value
+    while read -r key value; do
+      [[ $(cat "/proc/sys/$key") == "$value" ]] || echo "$value" >"/proc/sys/$key" || true
+    done <"$nd/sysctl.saved"
+  fi
+  [[ -z $(mounts_under "$dir") ]] || die "mounts left under $dir: $(mounts_under "$dir" | tr '\n' ' ')"
+}
+
 down() {
   local dir=$1
   [[ -d "$dir" ]] || return 0
+  [[ -d "$dir/node" ]] && node_down "$dir"
   local f pid
   for f in "$dir"/pids/*; do
     [[ -f "$f" ]] || continue
@@ -377,5 +715,8 @@ case "${1:-}" in
   scheduler) scheduler "$(resolve_dir "${2:-}")" "${3:-}" ;;
   user) user "$(resolve_dir "${2:-}")" "${3:?user NAME}" ;;
   restart-apiserver) restart_apiserver "$(resolve_dir "${2:-}")" "${3:-0}" ;;
-  *) echo "usage: $0 build|up|down|env|scheduler|bindir|user|restart-apiserver [DIR]" >&2; exit 2 ;;
+  build-node) build_node ;;
+  node) start_node "$(resolve_dir "${2:-}")" ;;
+  ctr) [[ $# -ge 2 ]] || die "usage: $0 ctr DIR ARGS..."; d=$(resolve_dir "$2"); shift 2; node_ctr "$d" "$@" ;;
+  *) echo "usage: $0 build|up|down|env|scheduler|bindir|user|restart-apiserver|build-node|node|ctr [DIR]" >&2; exit 2 ;;
 esac

@@ -26,6 +26,14 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
+/// The Node name of [`TestCluster::with_node`]'s kubelet.
+pub const NODE_NAME: &str = "node-1";
+/// An image on [`TestCluster::with_node`]'s node: Debian's static busybox, with its applets
+/// in `/bin` and `/bin/sh` as entrypoint. Use `imagePullPolicy: Never` or `IfNotPresent`.
+pub const BUSYBOX_IMAGE: &str = "localhost/dra-scheduler/busybox:test";
+/// The node's sandbox (pause) image.
+pub const PAUSE_IMAGE: &str = "localhost/dra-scheduler/pause:test";
+
 /// A running control plane owned by this test process.
 #[derive(Debug)]
 pub struct TestCluster {
@@ -129,6 +137,64 @@ impl TestCluster {
             dedicated: false,
             dir,
         })
+    }
+
+    /// A cluster of its own with a real node on this machine: containerd and kubelet
+    /// v1.37.2 (`cluster.sh node`), registered as Node [`NODE_NAME`]. Pods that name the
+    /// node run for real; the images [`BUSYBOX_IMAGE`] and [`PAUSE_IMAGE`] are already on
+    /// it. Without a CNI network the node stays NotReady, so pods use `hostNetwork: true`.
+    /// Stopped when dropped, or by [`TestCluster::down`].
+    ///
+    /// Panics (failing the test) with the reason when the node cannot start, naming what
+    /// this machine lacks (root, runc, busybox-static, cgroups).
+    pub fn with_node() -> TestCluster {
+        let cluster = Self::dedicated();
+        if let Err(reason) = cluster.script(&["node"]) {
+            let logs = ["containerd", "kubelet"]
+                .iter()
+                .map(|name| {
+                    let path = cluster.dir.join("logs").join(format!("{name}.log"));
+                    let text = std::fs::read_to_string(&path).unwrap_or_default();
+                    let tail: Vec<&str> = text.lines().rev().take(20).collect();
+                    let tail: Vec<&str> = tail.into_iter().rev().collect();
+                    format!("--- last lines of {}:\n{}", path.display(), tail.join("\n"))
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            panic!("the test node is not available: `cluster.sh node` failed:\n{reason}\n{logs}");
+        }
+        cluster
+    }
+
+    /// Stop the cluster now (`cluster.sh down`): its processes, and for a node its
+    /// containers, mounts, cgroups and sockets. Err carries the script's message.
+    pub fn down(mut self) -> Result<(), String> {
+        self.dedicated = false;
+        let out = Command::new("bash")
+            .arg(repo_root().join("tests/cluster/cluster.sh"))
+            .arg("down")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "`cluster.sh down` failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    /// `ctr` against the node's containerd, in the namespace kubelet uses (`k8s.io`).
+    pub fn ctr(&self) -> Command {
+        let mut cmd = Command::new("bash");
+        cmd.arg(repo_root().join("tests/cluster/cluster.sh"))
+            .arg("ctr")
+            .arg(&self.dir);
+        cmd
     }
 
     /// The cluster's state directory (logs in `logs/`).
