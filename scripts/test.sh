@@ -29,12 +29,30 @@ if [[ ${#missing[@]} -gt 0 ]]; then
     exit 1
   fi
 fi
+# The test node (cluster.sh node, tests/node.rs) runs containers with Debian's runc and
+# makes its busybox image from Debian's static busybox.
+node_pkgs=()
+command -v runc >/dev/null || [[ -x /usr/sbin/runc ]] || node_pkgs+=(runc)
+[[ -x /bin/busybox ]] || node_pkgs+=(busybox-static)
+if [[ ${#node_pkgs[@]} -gt 0 ]]; then
+  if command -v apt-get >/dev/null && [[ $(id -u) -eq 0 ]]; then
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends "${node_pkgs[@]}"
+  else
+    echo "missing packages for the test node: ${node_pkgs[*]}" >&2
+    exit 1
+  fi
+fi
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 
 step "building the control plane (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd v1.37.2)"
 start=$(date +%s)
 tests/cluster/cluster.sh build
 echo "control plane ready in $(( $(date +%s) - start ))s at $(tests/cluster/cluster.sh bindir)"
+
+step "building the test node (kubelet v1.37.2, containerd v2.4.2, its runc shim, ctr)"
+start=$(date +%s)
+tests/cluster/cluster.sh build-node
+echo "node ready in $(( $(date +%s) - start ))s"
 
 step "building helm (for the chart test)"
 start=$(date +%s)

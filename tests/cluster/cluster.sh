@@ -396,13 +396,18 @@ NODE_SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_
 node_missing() {
   local missing=()
   [[ $(id -u) -eq 0 ]] || missing+=("root (kubelet and containerd run as root)")
-  command -v runc >/dev/null || missing+=("runc (apt-get install runc)")
+  node_runc >/dev/null || missing+=("runc (apt-get install runc)")
   [[ -x /bin/busybox ]] || missing+=("/bin/busybox (apt-get install busybox-static)")
   [[ -d /sys/fs/cgroup/memory || -f /sys/fs/cgroup/cgroup.controllers ]] \
     || missing+=("cgroups (/sys/fs/cgroup has neither a memory controller nor cgroup v2)")
   command -v mount >/dev/null || missing+=("mount (apt-get install mount)")
   [[ -n $(node_ip) ]] || missing+=("a non-loopback IPv4 address (kubelet refuses 127.0.0.1 as its node IP)")
   [[ ${#missing[@]} -eq 0 ]] || die "a node cannot run on this machine; missing: ${missing[*]}"
+}
+
+# Debian's runc, found also when /usr/sbin is not on PATH.
+node_runc() {
+  command -v runc || { [[ -x /usr/sbin/runc ]] && echo /usr/sbin/runc; }
 }
 
 # This machine's first global IPv4 address: the node's IP.
@@ -474,7 +479,7 @@ start_node() {
   done >"$nd/existed"
 
   local runc feature_map gate
-  runc=$(command -v runc)
+  runc=$(node_runc)
   cat >"$nd/containerd.toml" <<EOF
 version = 3
 root = "$nd/containerd/root"
