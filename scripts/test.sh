@@ -9,7 +9,8 @@ step() { printf '\n==> %s\n' "$*"; }
 
 step "checking tools"
 missing=()
-for tool in cargo go openssl curl python3 setsid; do
+# buildah: images/build-local.sh, which tests/images.rs runs.
+for tool in cargo go openssl curl python3 setsid buildah; do
   command -v "$tool" >/dev/null || missing+=("$tool")
 done
 if [[ ${#missing[@]} -gt 0 ]]; then

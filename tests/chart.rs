@@ -735,3 +735,122 @@ async fn installs_and_its_rbac_is_enough_to_schedule() {
         "the scheduler was refused something with the chart's RBAC:\n{log}"
     );
 }
+
+/// The `docker build` / `docker buildx build` commands in `text` (comment markers and
+/// line continuations removed) as (target, image reference) pairs.
+fn docker_builds(text: &str) -> Vec<(String, String)> {
+    let joined = text
+        .lines()
+        .map(|l| l.trim_start_matches('#').trim())
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("\\\n", " ");
+    let mut builds = Vec::new();
+    for line in joined.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if !(words.starts_with(&["docker", "build"])
+            || words.starts_with(&["docker", "buildx", "build"]))
+        {
+            continue;
+        }
+        let after = |flag: &str| {
+            let i = words.iter().position(|w| *w == flag);
+            let value = i.and_then(|i| words.get(i + 1));
+            value
+                .unwrap_or_else(|| panic!("no {flag} in `{line}`"))
+                .to_string()
+        };
+        builds.push((after("--target"), after("-t")));
+    }
+    builds
+}
+
+/// The `USER` of each `FROM ... AS <stage>` of the Dockerfile that sets one.
+fn dockerfile_users(text: &str) -> Vec<(String, String)> {
+    let mut stage = String::new();
+    let mut users = Vec::new();
+    for line in text.lines().map(str::trim) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["FROM", _, "AS", name] => stage = name.to_string(),
+            ["USER", user] => users.push((stage.clone(), user.to_string())),
+            _ => {}
+        }
+    }
+    users
+}
+
+#[test]
+fn the_chart_names_the_images_the_dockerfile_builds() {
+    let read = |p: &str| std::fs::read_to_string(repo().join(p)).unwrap();
+    // The local build's references: ghcr.io/dra-scheduler/<target>:<crate version>.
+    let out = run(Command::new("bash")
+        .arg(repo().join("images/build-local.sh"))
+        .arg("--list"));
+    let local: BTreeSet<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        local,
+        BTreeSet::from([
+            format!("ghcr.io/dra-scheduler/dra-scheduler:{version}"),
+            format!("ghcr.io/dra-scheduler/dra-node-agent:{version}"),
+        ])
+    );
+
+    // The README's and the Dockerfile's docker commands tag the same references, each built
+    // from the Dockerfile stage named like its repository.
+    let dockerfile = read("Dockerfile");
+    for (source, text) in [
+        ("README.md", read("README.md")),
+        ("Dockerfile", dockerfile.clone()),
+    ] {
+        let builds = docker_builds(&text);
+        let refs: BTreeSet<String> = builds.iter().map(|(_, r)| r.clone()).collect();
+        assert_eq!(refs, local, "the docker build commands in {source}");
+        for (target, r) in &builds {
+            assert!(
+                r.contains(&format!("/{target}:")),
+                "{source}: --target {target} tagged {r}"
+            );
+            assert!(
+                dockerfile.contains(&format!(" AS {target}\n")),
+                "{source}: no stage {target} in the Dockerfile"
+            );
+        }
+    }
+
+    // The chart's defaults: appVersion is the crate version, and helm template names the
+    // references the builds make.
+    let chart_yaml: Value = serde_yaml::from_str(&read("charts/dra-scheduler/Chart.yaml")).unwrap();
+    assert_eq!(chart_yaml["appVersion"], version);
+    let docs = template(&[]);
+    let images: BTreeSet<String> = ["Deployment", "DaemonSet"]
+        .iter()
+        .map(|kind| {
+            let pod = &object(&docs, kind, None)["spec"]["template"]["spec"];
+            pod["containers"][0]["image"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(images, local);
+
+    // The scheduler image's user is the one the chart's runAsNonRoot pod runs as; the
+    // agent's is root.
+    let pod_security =
+        &object(&docs, "Deployment", None)["spec"]["template"]["spec"]["securityContext"];
+    let chart_user = format!(
+        "{}:{}",
+        pod_security["runAsUser"], pod_security["runAsGroup"]
+    );
+    assert_eq!(
+        dockerfile_users(&dockerfile),
+        [
+            ("dra-scheduler".to_string(), chart_user),
+            ("dra-node-agent".to_string(), "0:0".to_string()),
+        ],
+        "the Dockerfile's USER of each image stage"
+    );
+}
