@@ -402,12 +402,16 @@ node_missing() {
     || missing+=("cgroups (/sys/fs/cgroup has neither a memory controller nor cgroup v2)")
   command -v mount >/dev/null || missing+=("mount (apt-get install mount)")
   [[ -n $(node_ip) ]] || missing+=("a non-loopback IPv4 address (kubelet refuses 127.0.0.1 as its node IP)")
-  [[ ${#missing[@]} -eq 0 ]] || die "a node cannot run on this machine; missing: ${missing[*]}"
+  [[ ${#missing[@]} -eq 0 ]] \
+    || die "a node cannot run on this machine; missing: $(printf '%s; ' "${missing[@]}")"
 }
 
 # Debian's runc, found also when /usr/sbin is not on PATH.
 node_runc() {
-  command -v runc || { [[ -x /usr/sbin/runc ]] && echo /usr/sbin/runc; }
+  local r
+  r=$(command -v runc || true)
+  [[ -n $r && -x $r ]] || r=/usr/sbin/runc
+  [[ -x $r ]] && echo "$r"
 }
 
 # This machine's first global IPv4 address: the node's IP.
