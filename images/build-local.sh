@@ -52,7 +52,7 @@ for tool in buildah dpkg-deb apt-get strip sha256sum; do
   command -v "$tool" >/dev/null || missing+=("$tool")
 done
 [[ ${#missing[@]} -eq 0 ]] || die "missing tools: ${missing[*]} (Debian: apt-get install buildah binutils)"
-[[ $(id -u) -eq 0 ]] || die "needs root: buildah keeps its image storage under $out/.work"
+[[ $(id -u) -eq 0 ]] || die "needs root: buildah keeps its image storage under $out/.work.*"
 
 if [[ -z $bin_dir ]]; then
   log "cargo build --release (both binaries)"
@@ -64,9 +64,8 @@ bin_dir=$(cd "$bin_dir" && pwd)
 
 mkdir -p "$out" "$cache/debs"
 out=$(cd "$out" && pwd)
-work=$out/.work
-rm -rf "$work"
-mkdir -p "$work"
+# One work folder per run, so two builds into the same folder do not meet.
+work=$(mktemp -d "$out/.work.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
 # The build contexts, made as the Dockerfile's stages make them (each stage's /out).
@@ -106,8 +105,8 @@ for t in "${targets[@]}"; do
     --target "$t" --tag "$ref" --file "$repo/Dockerfile" "$repo" >/dev/null
   rm -f "$archive" "$archive.inputs"
   "${buildah[@]}" push --quiet --signature-policy "$policy" \
-    "$ref" "oci-archive:$archive.partial:$ref"
-  mv "$archive.partial" "$archive"
+    "$ref" "oci-archive:$work/$t.oci.tar:$ref"
+  mv "$work/$t.oci.tar" "$archive"
   echo "$inputs" >"$archive.inputs"
   log "$ref: $archive ($(du -h "$archive" | cut -f1))"
   echo "$archive"
