@@ -401,6 +401,8 @@ node_missing() {
   [[ -d /sys/fs/cgroup/memory || -f /sys/fs/cgroup/cgroup.controllers ]] \
     || missing+=("cgroups (/sys/fs/cgroup has neither a memory controller nor cgroup v2)")
   command -v mount >/dev/null || missing+=("mount (apt-get install mount)")
+  ! compgen -G '/etc/containerd/conf.d/*.toml' >/dev/null \
+    || missing+=("no /etc/containerd/conf.d/*.toml (containerd 2.4 always reads them; they would change the node's containerd)")
   [[ -n $(node_ip) ]] || missing+=("a non-loopback IPv4 address (kubelet refuses 127.0.0.1 as its node IP)")
   [[ ${#missing[@]} -eq 0 ]] \
     || die "a node cannot run on this machine; missing: $(printf '%s; ' "${missing[@]}")"
@@ -485,15 +487,17 @@ start_node() {
   local runc feature_map gate
   runc=$(node_runc)
   cat >"$nd/containerd.toml" <<EOF
-version = 3
+version = 4
 root = "$nd/containerd/root"
 state = "$nd/containerd/state"
+# (containerd also reads /etc/containerd/conf.d/*.toml, whatever this file says: start_node
+# refuses to run while such files exist.)
 # NRI's socket and /opt/containerd would live outside DIR; the node needs neither.
 disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt"]
 
-[grpc]
+[plugins.'io.containerd.server.v1.grpc']
   address = "$nd/containerd/containerd.sock"
-[ttrpc]
+[plugins.'io.containerd.server.v1.ttrpc']
   address = "$nd/containerd/containerd.sock.ttrpc"
 
 [plugins.'io.containerd.cri.v1.images']
