@@ -443,13 +443,13 @@ node_images() {
   cp "$NODE_BIN/pause" "$root/pause/pause"
   local arch
   arch=$(node_arch)
-  OCI_ARCH=$arch "$HERE/node/oci-image.sh" "$root/pause.tar" "$PAUSE_IMAGE" "$root/pause" -- /pause
+  OCI_ARCH=$arch "$HERE/node/oci-image.sh" "$root/pause.tar" "$PAUSE_IMAGE" "$root/pause" --entrypoint /pause
   cp /bin/busybox "$root/busybox/bin/busybox"
   local applet
   for applet in $(/bin/busybox --list); do
     [[ $applet == busybox ]] || ln -sf busybox "$root/busybox/bin/$applet"
   done
-  OCI_ARCH=$arch "$HERE/node/oci-image.sh" "$root/busybox.tar" "$BUSYBOX_IMAGE" "$root/busybox" -- /bin/sh
+  OCI_ARCH=$arch "$HERE/node/oci-image.sh" "$root/busybox.tar" "$BUSYBOX_IMAGE" "$root/busybox" --cmd sh
   node_ctr "$dir" images import "$root/pause.tar" >/dev/null 2>&1 \
     || node_ctr "$dir" images import "$root/pause.tar" || die "ctr could not import $root/pause.tar"
   node_ctr "$dir" images import "$root/busybox.tar" >/dev/null 2>&1 \

@@ -29,7 +29,7 @@ use kube::{Api, Client, Config};
 /// The Node name of [`TestCluster::with_node`]'s kubelet.
 pub const NODE_NAME: &str = "node-1";
 /// An image on [`TestCluster::with_node`]'s node: Debian's static busybox, with its applets
-/// in `/bin` and `/bin/sh` as entrypoint. Use `imagePullPolicy: Never` or `IfNotPresent`.
+/// in `/bin` and `sh` as its command (no entrypoint), as Docker Hub's busybox. Use `imagePullPolicy: Never` or `IfNotPresent`.
 pub const BUSYBOX_IMAGE: &str = "localhost/dra-scheduler/busybox:test";
 /// The node's sandbox (pause) image.
 pub const PAUSE_IMAGE: &str = "localhost/dra-scheduler/pause:test";

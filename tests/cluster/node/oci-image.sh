@@ -2,16 +2,19 @@
 # Writes a one-layer OCI image archive (an OCI image layout in a tar file) from local
 # files, with no registry and no container engine: what `ctr images import` reads.
 #
-#   oci-image.sh OUT.tar NAME ROOTFS -- ENTRYPOINT...
+#   oci-image.sh OUT.tar NAME ROOTFS --entrypoint ARG...
+#   oci-image.sh OUT.tar NAME ROOTFS --cmd ARG...
 #
 # NAME is the full image reference (localhost/dra-scheduler/pause:test); ROOTFS a folder
-# whose contents become the image's only layer; ENTRYPOINT the image's entrypoint. The
+# whose contents become the image's only layer; ARG... the image's entrypoint, or its
+# command (which a pod's `args` replace, as with Docker Hub's busybox). The
 # layer is an uncompressed tar with fixed owners and times, so the same files give the
 # same image digest on every machine. The platform is linux/$OCI_ARCH (default amd64).
 set -euo pipefail
 
-[[ $# -ge 5 && $4 == -- ]] || { echo "usage: $0 OUT.tar NAME ROOTFS -- ENTRYPOINT..." >&2; exit 2; }
-out=$1 name=$2 rootfs=$3
+[[ $# -ge 5 && ($4 == --entrypoint || $4 == --cmd) ]] \
+  || { echo "usage: $0 OUT.tar NAME ROOTFS --entrypoint|--cmd ARG..." >&2; exit 2; }
+out=$1 name=$2 rootfs=$3 kind=$4
 shift 4
 [[ -d $rootfs ]] || { echo "$0: $rootfs is not a folder" >&2; exit 1; }
 
@@ -40,7 +43,7 @@ read -r layer layer_size < <(blob "$work/layer")
 
 cat >"$work/config" <<JSON
 {"architecture":"${OCI_ARCH:-amd64}","os":"linux","created":"1970-01-01T00:00:00Z",
- "config":{"Entrypoint":$(json_array "$@"),"Env":["PATH=/bin:/usr/bin:/sbin:/usr/sbin"],"WorkingDir":"/"},
+ "config":{"$([[ $kind == --cmd ]] && echo Cmd || echo Entrypoint)":$(json_array "$@"),"Env":["PATH=/bin:/usr/bin:/sbin:/usr/sbin"],"WorkingDir":"/"},
  "rootfs":{"type":"layers","diff_ids":["sha256:$layer"]},
  "history":[{"created":"1970-01-01T00:00:00Z","created_by":"tests/cluster/node/oci-image.sh"}]}
 JSON
