@@ -28,6 +28,19 @@ const SYSCTLS: [&str; 6] = [
     "kernel/keys/root_maxbytes",
 ];
 
+/// Paths outside the node's folder that kubelet or containerd may create.
+const FIXED_PATHS: [&str; 9] = [
+    "/var/lib/kubelet",
+    "/var/lib/kubelet/device-plugins/kubelet.sock",
+    "/var/log/containers",
+    "/var/log/pods",
+    "/run/containerd/s",
+    "/run/containerd/containerd.sock",
+    "/opt/containerd",
+    "/var/run/nri",
+    "/etc/kubernetes",
+];
+
 /// What a node could leave on the machine outside its own folder.
 #[derive(Debug, PartialEq)]
 struct Host {
@@ -35,6 +48,8 @@ struct Host {
     netns: BTreeSet<String>,
     shim_sockets: BTreeSet<String>,
     log_links: BTreeSet<String>,
+    /// Which of the fixed paths kubelet and containerd use whatever their root folders.
+    fixed_paths: BTreeSet<&'static str>,
     k8s_io_cgroups: BTreeSet<String>,
     kube_iptables_chains: BTreeSet<String>,
 }
@@ -91,6 +106,11 @@ fn host() -> Host {
         netns: names("/run/netns"),
         shim_sockets: names("/run/containerd/s"),
         log_links: names("/var/log/containers"),
+        fixed_paths: FIXED_PATHS
+            .iter()
+            .copied()
+            .filter(|p| Path::new(p).exists())
+            .collect(),
         k8s_io_cgroups,
         kube_iptables_chains,
     }

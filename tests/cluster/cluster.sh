@@ -480,7 +480,8 @@ start_node() {
   # What kubelet and containerd create outside DIR, for `down` to remove.
   local f
   for f in "${NODE_SYSCTLS[@]}"; do echo "$f $(cat "/proc/sys/$f")"; done >"$nd/sysctl.saved"
-  for f in /var/log/containers /run/containerd/s /run/containerd; do
+  for f in /var/log/containers /run/containerd/s /run/containerd \
+    /var/lib/kubelet/device-plugins /var/lib/kubelet; do
     [[ -e $f ]] && echo "$f"
   done >"$nd/existed"
 
@@ -660,11 +661,20 @@ node_down() {
   for cg in /sys/fs/cgroup/k8s.io /sys/fs/cgroup/*/k8s.io; do
     [[ -d $cg ]] && rmdir "$cg" 2>/dev/null || true
   done
-  # Log links kubelet made in /var/log/containers; shim sockets' folder; kernel settings.
+  # Log links kubelet made in /var/log/containers; the folders of shim sockets and of
+  # kubelet's device plugin socket; kernel settings.
   if [[ -d /var/log/containers ]]; then
     find /var/log/containers -maxdepth 1 -type l -lname "$nd/*" -delete 2>/dev/null || true
   fi
-  for f in /var/log/containers /run/containerd/s /run/containerd; do
+  # kubelet's device plugin socket has a fixed path, whatever its root dir: removed
+  # unless another kubelet runs.
+  local other=0
+  for p in /proc/[0-9]*; do
+    [[ $(cat "$p/comm" 2>/dev/null) == kubelet ]] && other=1
+  done
+  [[ $other -eq 1 ]] || rm -f /var/lib/kubelet/device-plugins/kubelet.sock
+  for f in /var/log/containers /run/containerd/s /run/containerd \
+    /var/lib/kubelet/device-plugins /var/lib/kubelet; do
     grep -qxF "$f" "$nd/existed" 2>/dev/null || rmdir "$f" 2>/dev/null || true
   done
   if [[ -f "$nd/sysctl.saved" ]]; then
