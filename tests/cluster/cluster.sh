@@ -128,7 +128,7 @@ build_node() {
   for c in "${NODE_COMPONENTS[@]}"; do [[ -x "$NODE_BIN/$c" ]] || missing+=("$c"); done
   [[ ${#missing[@]} -eq 0 ]] && return 0
   command -v go >/dev/null || die "go is not installed; it is needed to build ${missing[*]}"
-  log "building ${missing[*]} from Go modules (first time: about 10 minutes on 2 cores)"
+  log "building ${missing[*]} from Go modules (first time: about 4 minutes on 2 cores once the control plane is built)"
   mkdir -p "$NODE_BIN"
   local tmp pkgs=() c
   tmp=$(mktemp -d "$NODE_BIN/.build.XXXXXX")

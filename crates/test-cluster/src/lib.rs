@@ -6,6 +6,9 @@
 //! the cluster and removes its directory when the test binary exits. Each test then takes
 //! a fresh namespace with [`TestCluster::namespace`].
 //!
+//! [`TestCluster::with_node`] adds a real node (containerd and kubelet on this machine) to a
+//! cluster of its own, for tests whose pods must run.
+//!
 //! Nothing is skipped silently: if the control plane cannot be built or started, every test
 //! that asks for it fails with the script's own message.
 //!
@@ -143,7 +146,8 @@ impl TestCluster {
     /// v1.37.2 (`cluster.sh node`), registered as Node [`NODE_NAME`]. Pods that name the
     /// node run for real; the images [`BUSYBOX_IMAGE`] and [`PAUSE_IMAGE`] are already on
     /// it. Without a CNI network the node stays NotReady, so pods use `hostNetwork: true`.
-    /// Stopped when dropped, or by [`TestCluster::down`].
+    /// Stopped when dropped, or by [`TestCluster::down`]. Meant for one node at a time on
+    /// a machine: two would share kubelet's fixed device plugin socket.
     ///
     /// Panics (failing the test) with the reason when the node cannot start, naming what
     /// this machine lacks (root, runc, busybox-static, cgroups).
