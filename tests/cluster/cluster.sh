@@ -80,6 +80,7 @@ feature_gates() {
 KCM_CONTROLLERS=(
   resourceclaim-controller device-taint-eviction-controller
   deployment-controller replicaset-controller statefulset-controller job-controller
+  daemonset-controller
   garbage-collector-controller namespace-controller
   persistentvolume-binder-controller
   serviceaccount-controller serviceaccount-token-controller
