@@ -35,6 +35,8 @@ fi
 node_pkgs=()
 command -v runc >/dev/null || [[ -x /usr/sbin/runc ]] || node_pkgs+=(runc)
 [[ -x /bin/busybox ]] || node_pkgs+=(busybox-static)
+# tests/node_e2e.rs gives the node a CNI bridge network with Debian's plugins.
+[[ -x /usr/lib/cni/bridge ]] || node_pkgs+=(containernetworking-plugins)
 if [[ ${#node_pkgs[@]} -gt 0 ]]; then
   if command -v apt-get >/dev/null && [[ $(id -u) -eq 0 ]]; then
     apt-get update -qq && apt-get install -y -qq --no-install-recommends "${node_pkgs[@]}"
