@@ -21,8 +21,6 @@
 //! - kube-proxy: the `kubernetes` Service's address 10.0.0.1:443 is put on that bridge and a
 //!   TCP relay in this test forwards it to kube-apiserver on loopback, so pods' in-cluster
 //!   config works;
-//! - the DaemonSet controller (cluster.sh's controller manager runs without it): a second
-//!   kube-controller-manager running only `daemonset-controller`;
 //! - a kube-scheduler for the chart's own pods (cluster.sh's reference scheduler as
 //!   `default-scheduler`);
 //! - GPU device files: /dev/nvidia0..2, nvidiactl, nvidia-uvm(-tools) made as copies of
@@ -114,16 +112,12 @@ struct HostAdditions {
     bridge: bool,
     cdi_dir_made: bool,
     relay_stop: Option<Arc<AtomicBool>>,
-    daemonset_controller: Option<Child>,
     port_forward: Option<Child>,
 }
 
 impl Drop for HostAdditions {
     fn drop(&mut self) {
-        for child in [&mut self.daemonset_controller, &mut self.port_forward]
-            .into_iter()
-            .flatten()
-        {
+        if let Some(child) = self.port_forward.as_mut() {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -819,22 +813,6 @@ fn end_to_end(full: bool) {
         kube: Kube { cluster: &cluster },
         node_dir: node_dir.clone(),
     };
-    host.daemonset_controller = Some(
-        Command::new(cluster.binary("kube-controller-manager"))
-            .arg("--kubeconfig")
-            .arg(cluster.kubeconfig_path())
-            .args([
-                "--controllers=daemonset-controller",
-                "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                "--secure-port=0",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("logs/daemonset-controller.log")).unwrap())
-            .spawn()
-            .expect("start kube-controller-manager for daemonset-controller"),
-    );
     cluster
         .start_reference_scheduler("default-scheduler")
         .expect("start kube-scheduler as default-scheduler");
