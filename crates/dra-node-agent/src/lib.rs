@@ -16,7 +16,9 @@
 //!   process ([`validate`], [`quantity`]).
 //!   [`prepare::Preparer`] carries plans out and keeps the [`checkpoint`].
 //! - [`plugin`] serves kubelet's registration and `DRAPlugin` (v1 and v1beta1) gRPC services
-//!   on Unix sockets; [`metrics`] serves `/metrics` and `/healthz`.
+//!   on Unix sockets (registration through the small HTTP/2 server of
+//!   [`registration_server`], since kubelet sends a path as `:authority` there);
+//!   [`metrics`] serves `/metrics` and `/healthz`.
 //!
 //! ```
 //! use dra_node_agent::backend::fake::Profile;
@@ -42,6 +44,7 @@ pub mod plugin;
 pub mod prepare;
 pub mod publisher;
 pub mod quantity;
+pub mod registration_server;
 pub mod slices;
 pub mod validate;
 

@@ -1,6 +1,10 @@
 //! The kubelet plugin: the registration service on `<registry-dir>/<driver>-reg.sock`, and
 //! `v1.DRAPlugin`, `v1beta1.DRAPlugin` and `v1.DRAResourceHealth` on
 //! `<plugin-dir>/dra.sock`. Thin: requests are handed to the [`Preparer`].
+//!
+//! The DRA socket is served by tonic. The registration socket is not: kubelet dials it by
+//! bare path and so sends the path as `:authority`, which tonic's h2 rejects; it is served
+//! by the small HTTP/2 server of [`registration_server`].
 
 use crate::claim::{ClaimRef, PreparedDevice};
 use crate::prepare::Preparer;
@@ -8,6 +12,8 @@ use crate::proto::dra_health_v1 as health_pb;
 use crate::proto::dra_v1 as v1;
 use crate::proto::dra_v1beta1 as v1beta1;
 use crate::proto::pluginregistration as reg;
+use crate::registration_server::{self, GrpcError, Handler, code as grpc_code};
+use prost::Message;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -59,25 +65,22 @@ struct Registration {
     state: Arc<Mutex<RegistrationState>>,
 }
 
-#[tonic::async_trait]
-impl reg::registration_server::Registration for Registration {
-    async fn get_info(
-        &self,
-        _: Request<reg::InfoRequest>,
-    ) -> Result<Response<reg::PluginInfo>, Status> {
-        Ok(Response::new(reg::PluginInfo {
+/// gRPC method paths of `pluginregistration.Registration`.
+pub const GET_INFO_PATH: &str = "/pluginregistration.Registration/GetInfo";
+pub const NOTIFY_REGISTRATION_STATUS_PATH: &str =
+    "/pluginregistration.Registration/NotifyRegistrationStatus";
+
+impl Registration {
+    fn get_info(&self) -> reg::PluginInfo {
+        reg::PluginInfo {
             r#type: "DRAPlugin".into(),
             name: self.driver.clone(),
             endpoint: self.endpoint.clone(),
             supported_versions: SUPPORTED_VERSIONS.iter().map(|s| s.to_string()).collect(),
-        }))
+        }
     }
 
-    async fn notify_registration_status(
-        &self,
-        req: Request<reg::RegistrationStatus>,
-    ) -> Result<Response<reg::RegistrationStatusResponse>, Status> {
-        let r = req.into_inner();
+    fn notify_registration_status(&self, r: reg::RegistrationStatus) {
         if r.plugin_registered {
             tracing::info!(driver = %self.driver, "registered with kubelet");
         } else {
@@ -87,7 +90,32 @@ impl reg::registration_server::Registration for Registration {
             registered: Some(r.plugin_registered),
             error: r.error,
         };
-        Ok(Response::new(reg::RegistrationStatusResponse {}))
+    }
+
+    /// One unary call, for the [`registration_server`].
+    fn call(&self, path: &str, request: &[u8]) -> Result<Vec<u8>, GrpcError> {
+        fn decode<M: prost::Message + Default>(request: &[u8]) -> Result<M, GrpcError> {
+            M::decode(request)
+                .map_err(|e| GrpcError::new(grpc_code::INTERNAL, format!("decoding request: {e}")))
+        }
+        match path {
+            GET_INFO_PATH => {
+                let _: reg::InfoRequest = decode(request)?;
+                Ok(self.get_info().encode_to_vec())
+            }
+            NOTIFY_REGISTRATION_STATUS_PATH => {
+                self.notify_registration_status(decode(request)?);
+                Ok(reg::RegistrationStatusResponse {}.encode_to_vec())
+            }
+            _ => Err(GrpcError::new(
+                grpc_code::UNIMPLEMENTED,
+                format!("unknown method {path}"),
+            )),
+        }
+    }
+
+    fn into_handler(self) -> Handler {
+        Arc::new(move |path: &str, request: &[u8]| self.call(path, request))
     }
 }
 
@@ -318,7 +346,7 @@ fn bind(path: &Path) -> anyhow::Result<UnixListener> {
 /// A running plugin; [`PluginHandle::stop`] ends it and removes its sockets.
 pub struct PluginHandle {
     stop: watch::Sender<bool>,
-    tasks: Vec<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
     sockets: Vec<PathBuf>,
     pub registration: Arc<Mutex<RegistrationState>>,
 }
@@ -356,37 +384,38 @@ pub async fn start(
     let dra = Dra { preparer };
     let dra_path = cfg.dra_socket();
     let dra_listener = bind(&dra_path)?;
-    let dra_task = tokio::spawn(
-        Server::builder()
-            .add_service(v1::dra_plugin_server::DraPluginServer::new(dra.clone()))
-            .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(dra))
-            .add_service(
-                health_pb::dra_resource_health_server::DraResourceHealthServer::new(
-                    HealthService { rx: health },
-                ),
-            )
-            .serve_with_incoming_shutdown(
-                UnixListenerStream::new(dra_listener),
-                until_stopped(stop_rx.clone()),
-            ),
-    );
+    let dra_server = Server::builder()
+        .add_service(v1::dra_plugin_server::DraPluginServer::new(dra.clone()))
+        .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(dra))
+        .add_service(
+            health_pb::dra_resource_health_server::DraResourceHealthServer::new(HealthService {
+                rx: health,
+            }),
+        )
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(dra_listener),
+            until_stopped(stop_rx.clone()),
+        );
+    let dra_task = tokio::spawn(async move {
+        if let Err(e) = dra_server.await {
+            tracing::error!(error = %e, "DRA plugin service failed");
+        }
+    });
     let registration = Arc::new(Mutex::new(RegistrationState::default()));
     let reg_path = cfg.registration_socket();
     let reg_listener = bind(&reg_path)?;
-    let reg_task = tokio::spawn(
-        Server::builder()
-            .add_service(reg::registration_server::RegistrationServer::new(
-                Registration {
-                    driver: cfg.driver.clone(),
-                    endpoint: dra_path.display().to_string(),
-                    state: registration.clone(),
-                },
-            ))
-            .serve_with_incoming_shutdown(
-                UnixListenerStream::new(reg_listener),
-                until_stopped(stop_rx),
-            ),
-    );
+    // Not tonic: kubelet sends the socket path as :authority, which h2 refuses.
+    let handler = Registration {
+        driver: cfg.driver.clone(),
+        endpoint: dra_path.display().to_string(),
+        state: registration.clone(),
+    }
+    .into_handler();
+    let reg_task = tokio::spawn(registration_server::serve(
+        reg_listener,
+        handler,
+        until_stopped(stop_rx),
+    ));
     tracing::info!(dra = %dra_path.display(), registration = %reg_path.display(), "kubelet plugin serving");
     Ok(PluginHandle {
         stop,
@@ -409,4 +438,156 @@ pub async fn connect_unix(path: impl Into<PathBuf>) -> anyhow::Result<Channel> {
         }))
         .await?;
     Ok(channel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registration_server::testing::*;
+
+    /// Serves the registration service on `<dir>/gpu.nvidia.com-reg.sock`.
+    fn serve_registration(
+        dir: &Path,
+    ) -> (PathBuf, Arc<Mutex<RegistrationState>>, watch::Sender<bool>) {
+        let path = dir.join("gpu.nvidia.com-reg.sock");
+        let state = Arc::new(Mutex::new(RegistrationState::default()));
+        let handler = Registration {
+            driver: "gpu.nvidia.com".into(),
+            endpoint: "/var/lib/kubelet/plugins/gpu.nvidia.com/dra.sock".into(),
+            state: state.clone(),
+        }
+        .into_handler();
+        let (stop, mut stop_rx) = watch::channel(false);
+        let listener = bind(&path).unwrap();
+        tokio::spawn(registration_server::serve(listener, handler, async move {
+            let _ = stop_rx.wait_for(|s| *s).await;
+        }));
+        (path, state, stop)
+    }
+
+    #[tokio::test]
+    async fn tonic_client_gets_info_and_notifies() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, state, stop) = serve_registration(dir.path());
+        let mut client =
+            reg::registration_client::RegistrationClient::new(connect_unix(&path).await.unwrap());
+        let info = client
+            .get_info(reg::InfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(info.r#type, "DRAPlugin");
+        assert_eq!(info.name, "gpu.nvidia.com");
+        assert_eq!(
+            info.endpoint,
+            "/var/lib/kubelet/plugins/gpu.nvidia.com/dra.sock"
+        );
+        assert_eq!(info.supported_versions, SUPPORTED_VERSIONS);
+        client
+            .notify_registration_status(reg::RegistrationStatus {
+                plugin_registered: false,
+                error: "no such version".into(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            *state.lock().unwrap(),
+            RegistrationState {
+                registered: Some(false),
+                error: "no such version".into()
+            }
+        );
+        client
+            .notify_registration_status(reg::RegistrationStatus {
+                plugin_registered: true,
+                error: String::new(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(state.lock().unwrap().registered, Some(true));
+        // The generated client for a method the server lacks gets UNIMPLEMENTED.
+        let mut other =
+            v1::dra_plugin_client::DraPluginClient::new(connect_unix(&path).await.unwrap());
+        let err = other
+            .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![] })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unimplemented);
+        let _ = stop.send(true);
+    }
+
+    /// What kubelet 1.37's plugin watcher sends: grpc-go dialing the bare socket path puts
+    /// that path in `:authority` (h2, and so tonic, resets such streams).
+    #[tokio::test]
+    async fn kubelet_dial_with_the_socket_path_as_authority() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, state, stop) = serve_registration(dir.path());
+        let authority = path.display().to_string();
+        let io = tokio::net::UnixStream::connect(&path).await.unwrap();
+        let mut c = Client::start(io).await;
+
+        // Plain literals, as in the bug report.
+        let block = literal_block(
+            &[
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", GET_INFO_PATH),
+                (":authority", &authority),
+                ("content-type", "application/grpc"),
+                ("user-agent", "grpc-go/1.72.0"),
+                ("te", "trailers"),
+                ("grpc-timeout", "1S"),
+            ],
+            false,
+        );
+        let reply = c.call(1, &block, &grpc_frame(&[])).await;
+        assert_eq!(reply.header(":status"), Some("200"));
+        assert_eq!(reply.header("grpc-status"), Some("0"));
+        let info = reg::PluginInfo::decode(reply.message()).unwrap();
+        assert_eq!(info.name, "gpu.nvidia.com");
+        assert_eq!(info.supported_versions, SUPPORTED_VERSIONS);
+
+        // As grpc-go's HPACK encoder does: indexed static fields, Huffman strings, and
+        // literals added to the dynamic table, reused by index on the next call.
+        let mut block = vec![0x83, 0x86]; // :method POST, :scheme http
+        block.push(0x44); // :path, literal with indexing, name index 4
+        string(&mut block, NOTIFY_REGISTRATION_STATUS_PATH.as_bytes(), true);
+        block.push(0x41); // :authority, name index 1
+        string(&mut block, authority.as_bytes(), true);
+        block.push(0x40 | 31); // content-type, name index 31
+        string(&mut block, b"application/grpc", true);
+        indexed_literal(&mut block, "te", "trailers", true);
+        let msg = reg::RegistrationStatus {
+            plugin_registered: true,
+            error: String::new(),
+        }
+        .encode_to_vec();
+        let reply = c.call(3, &block, &grpc_frame(&msg)).await;
+        assert_eq!(reply.header("grpc-status"), Some("0"));
+        assert!(
+            reg::RegistrationStatusResponse::decode(reply.message()).is_ok(),
+            "{reply:?}"
+        );
+        assert_eq!(state.lock().unwrap().registered, Some(true));
+
+        // Dynamic table now (newest first): te, content-type, :authority, :path.
+        // :authority and content-type by index; a new :path, Huffman-coded, not indexed.
+        let mut block = vec![0x83, 0x86, 0x80 | 64, 0x80 | 63, 0x80 | 62];
+        block.push(0x04);
+        string(&mut block, b"/pluginregistration.Registration/Nope", true);
+        let reply = c.call(5, &block, &grpc_frame(&[])).await;
+        assert_eq!(reply.headers.len(), 1, "trailers only: {reply:?}");
+        assert_eq!(reply.header("grpc-status"), Some("12"));
+        // And the :path from the table again: NotifyRegistrationStatus.
+        let block = vec![0x83, 0x86, 0x80 | 65, 0x80 | 64, 0x80 | 63, 0x80 | 62];
+        let msg = reg::RegistrationStatus {
+            plugin_registered: false,
+            error: "bad".into(),
+        }
+        .encode_to_vec();
+        let reply = c.call(7, &block, &grpc_frame(&msg)).await;
+        assert_eq!(reply.header("grpc-status"), Some("0"));
+        assert_eq!(state.lock().unwrap().error, "bad");
+        let _ = stop.send(true);
+    }
 }
