@@ -771,7 +771,6 @@ fn helm_install_on_a_real_node_starts_the_scheduler_and_the_agent() {
 
 /// The rest of the path, from kubelet's plugin registration on.
 #[test]
-#[ignore = "fails at the scheduler-leader fault: once the leader pod is force-deleted, the Lease went to the Deployment's replacement pod, not to the standby (\"the standby did not take over\"); registration, prepare/unprepare and the kubelet and agent faults before it pass"]
 fn a_user_pod_gets_its_device_and_the_node_survives_faults() {
     end_to_end(true);
 }
@@ -1052,8 +1051,9 @@ fn end_to_end(full: bool) {
     );
     step("kubelet and agent faults");
 
-    // Fault 3: the scheduler leader pod killed; the standby takes the Lease and places the
-    // next pod.
+    // Fault 3: the scheduler leader pod killed; another replica takes the Lease and places
+    // the next pod. Which one is a race, as with kube-scheduler: the standby, or the pod the
+    // Deployment starts in the killed one's place, whichever acquires the expired Lease first.
     let standby = schedulers.iter().find(|s| **s != leader).unwrap().clone();
     kube.run(&[
         "-n",
@@ -1067,7 +1067,11 @@ fn end_to_end(full: bool) {
     let new_leader = wait("another scheduler pod to take the Lease", 60, || {
         e2e.lease_holder().filter(|h| *h != leader)
     });
-    assert_eq!(new_leader, standby, "the standby did not take over");
+    let took_over = if new_leader == standby {
+        "the standby"
+    } else {
+        "the Deployment's replacement replica"
+    };
     e2e.scale(3);
     let three = e2e.settled("the next pod placed by the new leader", 3);
     let p4 = three
@@ -1080,7 +1084,7 @@ fn end_to_end(full: bool) {
     let by = e2e.scheduled_by(&p4.pod);
     assert!(by.contains(&new_leader), "{by}");
     println!(
-        "fault check [scheduler leader {leader} killed]: {new_leader} took the Lease; pod {} scheduled by {by}, device {}",
+        "fault check [scheduler leader {leader} killed]: {new_leader} ({took_over}) took the Lease; pod {} scheduled by {by}, device {}",
         p4.pod, p4.device
     );
 
