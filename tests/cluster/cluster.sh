@@ -668,10 +668,13 @@ node_down() {
     find /var/log/containers -maxdepth 1 -type l -lname "$nd/*" -delete 2>/dev/null || true
   fi
   # kubelet's device plugin socket has a fixed path, whatever its root dir: removed
-  # unless another kubelet runs.
+  # unless another kubelet runs. A killed kubelet its parent has not reaped yet (a zombie,
+  # e.g. one a test restarted itself) runs no more.
   local other=0
   for p in /proc/[0-9]*; do
-    [[ $(cat "$p/comm" 2>/dev/null) == kubelet ]] && other=1
+    [[ $(cat "$p/comm" 2>/dev/null) == kubelet ]] || continue
+    [[ $(awk '{print $3}' "$p/stat" 2>/dev/null) == Z ]] && continue
+    other=1
   done
   [[ $other -eq 1 ]] || rm -f /var/lib/kubelet/device-plugins/kubelet.sock
   for f in /var/log/containers /run/containerd/s /run/containerd \
