@@ -64,6 +64,12 @@ fn run_tally(seed: u64, tally: &mut Tally) -> Result<(), TestCaseError> {
         Err(AllocError::PoolNotReady { .. } | AllocError::AllConstraint { .. }) => {
             tally.errors += 1
         }
+        // A selector that reads an attribute a device lacks (the generator's device of an
+        // older slice generation has no `model`; on a node that sees only that generation it
+        // is the pool's) fails the attempt upstream too, as a CEL runtime error.
+        Err(AllocError::Cel { ref source, .. }) if source.to_string().contains("no such key") => {
+            tally.errors += 1
+        }
         Err(e) => {
             return Err(TestCaseError::fail(format!(
                 "seed {seed}: unexpected error {e}"
@@ -84,7 +90,9 @@ proptest! {
 #[test]
 fn fixed_seeds() {
     let mut tally = Tally::default();
-    for seed in 0..400 {
+    // 0..400, and seeds random runs once failed on (9758252694006444459: a selector on a
+    // device that lacks the attribute).
+    for seed in (0..400).chain([9758252694006444459]) {
         run_tally(seed, &mut tally).unwrap();
     }
     eprintln!("{tally:?}");
