@@ -8,7 +8,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
@@ -20,12 +20,11 @@ use kube::api::ListParams;
 use serde_json::{Value, json};
 use test_cluster::{TestCluster, eventually, free_port};
 
+mod common;
+use common::{repo, run};
+
 const RELEASE: &str = "dra-scheduler";
 const NAMESPACE: &str = "kube-system";
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn chart() -> PathBuf {
     repo().join("charts/dra-scheduler")
@@ -59,18 +58,6 @@ fn helm() -> Command {
         .env("HELM_DATA_HOME", home.join("data"))
         .stdin(Stdio::null());
     cmd
-}
-
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 /// `helm template` of the chart into kube-system with `--set` values, as JSON documents.

@@ -11,24 +11,8 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+mod common;
+use common::{repo, run};
 
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()

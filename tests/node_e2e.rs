@@ -44,6 +44,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use test_cluster::{BUSYBOX_IMAGE, NODE_NAME, TestCluster};
 
+mod common;
+use common::{repo, run};
+
 const DRIVER: &str = "gpu.nvidia.com";
 const PROFILE: &str = "/usr/share/dra-node-agent/profiles/1x-a5000-2x-t10.yaml";
 const A5000_UUID: &str = "GPU-9a8b7c6d-a5000-0000-0000-000000000000";
@@ -65,25 +68,6 @@ const DEVICE_FILES: [&str; 6] = [
     "/dev/nvidia-uvm-tools",
 ];
 const NS: &str = "inference";
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()

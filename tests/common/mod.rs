@@ -263,3 +263,25 @@ pub async fn assert_claims_agree_with_pods(client: &kube::Client, pods: &[Pod]) 
     }
     users.len()
 }
+
+/// The repository root.
+pub fn repo() -> &'static std::path::Path {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Run a command to success (no stdin) and return its output; a failure panics with the
+/// command, its status and both outputs.
+pub fn run(cmd: &mut Command) -> std::process::Output {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
