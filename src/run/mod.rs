@@ -11,6 +11,7 @@
 //! `maxConcurrentBinds` at a time; a failed write is undone and the pod backs off. Every
 //! write passes the leader fence ([`leader::Fence`]).
 
+pub mod apis;
 pub mod binder;
 pub mod config;
 pub mod health;
@@ -48,15 +49,15 @@ use self::leader::{Candidate, Fence};
 use self::metrics::Metrics;
 use self::queue::SchedulingQueue;
 
-/// The kinds the scheduler watches; it schedules only once every one has synced.
-const KINDS: [&str; 7] = [
+/// The kinds the scheduler always watches; it schedules only once every kind it watches
+/// has synced (these, DeviceTaintRule where served, storage's and workloads' kinds).
+const KINDS: [&str; 6] = [
     "Namespace",
     "Node",
     "Pod",
     "ResourceClaim",
     "DeviceClass",
     "ResourceSlice",
-    "DeviceTaintRule",
 ];
 
 /// How long a pod may wait for a claim that does not exist before the user is told.
@@ -102,8 +103,48 @@ where
         .boxed()
 }
 
+/// DeviceTaintRules in the version the API server serves them in, read as `v1`. A rule
+/// that cannot be read is a watch error that names it (the others still apply).
+fn watch_taint_rules(client: &Client, version: &str) -> BoxStream<'static, Change> {
+    let resource = apis::taint_rule_resource(version);
+    let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+    watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .map(|r| {
+            let event = match r {
+                Ok(e) => e,
+                Err(e) => return Change::WatchError("DeviceTaintRule", e.to_string()),
+            };
+            let read = |o| match apis::taint_rule(o) {
+                Ok((rule, warning)) => {
+                    if let Some(warning) = warning {
+                        tracing::warn!("{warning}");
+                    }
+                    Ok(rule)
+                }
+                Err(e) => Err(e),
+            };
+            let converted = match event {
+                Event::Apply(o) => read(o).map(Event::Apply),
+                Event::Delete(o) => read(o).map(Event::Delete),
+                Event::InitApply(o) => read(o).map(Event::InitApply),
+                Event::Init => Ok(Event::Init),
+                Event::InitDone => Ok(Event::InitDone),
+            };
+            match converted {
+                Ok(event) => Change::TaintRule(event),
+                Err(message) => Change::WatchError("DeviceTaintRule", message),
+            }
+        })
+        .boxed()
+}
+
 /// One stream of every kind's changes; each kind re-lists by itself after a failure.
-fn watch_all(client: &Client) -> SelectAll<BoxStream<'static, Change>> {
+fn watch_all(client: &Client, served: &apis::ServedApis) -> SelectAll<BoxStream<'static, Change>> {
+    let taint_rules = served.taint_rules.map(|version| match version {
+        "v1" => watch(client, "DeviceTaintRule", Change::TaintRule),
+        older => watch_taint_rules(client, older),
+    });
     futures::stream::select_all(
         [
             watch(client, "Namespace", Change::Namespace),
@@ -112,12 +153,38 @@ fn watch_all(client: &Client) -> SelectAll<BoxStream<'static, Change>> {
             watch(client, "ResourceClaim", Change::Claim),
             watch(client, "DeviceClass", Change::Class),
             watch(client, "ResourceSlice", Change::Slice),
-            watch(client, "DeviceTaintRule", Change::TaintRule),
         ]
         .into_iter()
+        .chain(taint_rules)
         .chain(storage::watches(client))
         .chain(workloads::watches(client)),
     )
+}
+
+/// The number of kinds `watch_all` watches: readiness waits for each to sync.
+fn watched_kinds(served: &apis::ServedApis) -> usize {
+    KINDS.len()
+        + usize::from(served.taint_rules.is_some())
+        + storage::KINDS.len()
+        + workloads::KINDS.len()
+}
+
+/// Discovery of what the API server serves, retried while the server cannot answer;
+/// an error when it answers without what the scheduler needs (or at shutdown).
+async fn discover_apis(client: &Client) -> anyhow::Result<apis::ServedApis> {
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        match apis::ServedApis::discover(client).await {
+            Ok(served) => return Ok(served),
+            Err(e) if e.to_string().contains("does not serve") => return Err(e),
+            Err(e) => tracing::warn!(error = %e, retry_in = ?backoff, "API discovery failed"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = shutdown_signal() => anyhow::bail!("shut down before API discovery succeeded"),
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(10));
+    }
 }
 
 fn pod_priority(pod: &Pod) -> i32 {
@@ -404,6 +471,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .map_or_else(|| Arc::new(Fence::open()), Candidate::fence);
     let (done_tx, done_rx) = mpsc::unbounded_channel::<Done>();
     let mut daemon = Daemon::new(&config, client, fence, done_tx).await?;
+    let served = discover_apis(&daemon.client).await?;
+    tracing::info!("{}", served.describe());
+    daemon.watched_kinds = watched_kinds(&served);
     // Leader election: every replica keeps its caches warm; only the leader takes pods
     // from the queue, and only while its fence is open. A standby that takes over has
     // never assumed anything, so its state is what the API server says (claim status is
@@ -412,7 +482,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let (election, leader) = Election::start(candidate, &config);
     daemon.metrics.leader.set(i64::from(daemon.leading));
     let mut events = Events {
-        changes: watch_all(&daemon.client),
+        changes: watch_all(&daemon.client, &served),
         done: done_rx,
         leader,
         tick: tokio::time::interval(Duration::from_millis(200)),
@@ -481,6 +551,8 @@ impl Election {
 /// each method decides what to do and starts any write as a task of its own.
 struct Daemon {
     client: Client,
+    /// How many kinds the informers watch (what the API server serves decides).
+    watched_kinds: usize,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     ready: Arc<AtomicBool>,
@@ -535,6 +607,7 @@ impl Daemon {
             told: HashMap::new(),
         };
         Ok(Daemon {
+            watched_kinds: watched_kinds(&apis::ServedApis::current()),
             engine: Some(engine_for(config)),
             running: None,
             long: None,
@@ -594,8 +667,7 @@ impl Daemon {
         if self.leading && !self.fence.may_schedule(now) {
             return Some(Ending::LostLease);
         }
-        if self.informers.synced.len() < KINDS.len() + storage::KINDS.len() + workloads::KINDS.len()
-        {
+        if self.informers.synced.len() < self.watched_kinds {
             return None;
         }
         self.ready.store(true, Ordering::Relaxed);

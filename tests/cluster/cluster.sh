@@ -23,6 +23,10 @@
 #   cluster.sh ctr DIR ARGS...    run ctr against the node's containerd (namespace k8s.io),
 #                                 e.g. `ctr DIR images import IMAGE.tar`
 #
+# `up` reads DRA_CLUSTER_RUNTIME_CONFIG: more --runtime-config entries for kube-apiserver,
+# e.g. resource.k8s.io/v1/devicetaintrules=false to serve the APIs an older release serves
+# (kept in DIR, so restart-apiserver keeps them).
+#
 # DIR defaults to tests/cluster/.run/default. Each DIR is an independent cluster on its own
 # free ports, so several test binaries can each have one.
 set -euo pipefail
@@ -263,7 +267,7 @@ start_apiserver() {
     --service-account-issuer https://kubernetes.default.svc \
     --service-cluster-ip-range 10.0.0.0/24 \
     --authorization-mode Node,RBAC \
-    --runtime-config resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true \
+    --runtime-config "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true$(runtime_config_extra "$dir")" \
     --feature-gates "$(feature_gates)" \
     --endpoint-reconciler-type none \
     --disable-admission-plugins TaintNodesByCondition \
@@ -272,6 +276,13 @@ start_apiserver() {
     --allow-privileged=true \
     --kubelet-client-certificate "$pki/admin.crt" --kubelet-client-key "$pki/admin.key" \
     --kubelet-preferred-address-types InternalIP
+}
+
+# The extra --runtime-config entries `up` was given, with a leading comma.
+runtime_config_extra() {
+  local file=$1/runtime-config
+  [[ -s $file ]] && printf ',%s' "$(cat "$file")"
+  return 0
 }
 
 restart_apiserver() {
@@ -328,6 +339,7 @@ up() {
     curl -sf "http://127.0.0.1:$etcd_client/health" || { down "$dir"; exit 1; }
 
   echo "$etcd_client" >"$dir/etcd.port"
+  printf '%s' "${DRA_CLUSTER_RUNTIME_CONFIG:-}" >"$dir/runtime-config"
   start_apiserver "$dir"
   local pki=$dir/pki
   kubeconfig "$dir" admin "$api_port"

@@ -74,7 +74,7 @@ impl TestCluster {
     ///
     /// Panics (failing the test) with the reason when the control plane cannot start.
     pub fn shared() -> &'static TestCluster {
-        match SHARED.get_or_init(Self::start) {
+        match SHARED.get_or_init(|| Self::start("")) {
             Ok(cluster) => cluster,
             Err(reason) => panic!("the test control plane is not available: {reason}"),
         }
@@ -85,7 +85,14 @@ impl TestCluster {
     ///
     /// Panics (failing the test) with the reason when the control plane cannot start.
     pub fn dedicated() -> TestCluster {
-        match Self::start() {
+        Self::dedicated_with_runtime_config("")
+    }
+
+    /// A dedicated cluster whose kube-apiserver also gets these `--runtime-config` entries
+    /// (comma-separated), e.g. `resource.k8s.io/v1/devicetaintrules=false` to serve only
+    /// what an older Kubernetes release serves by default.
+    pub fn dedicated_with_runtime_config(extra: &str) -> TestCluster {
+        match Self::start(extra) {
             Ok(mut cluster) => {
                 cluster.dedicated = true;
                 cluster
@@ -94,7 +101,7 @@ impl TestCluster {
         }
     }
 
-    fn start() -> Result<TestCluster, String> {
+    fn start(runtime_config: &str) -> Result<TestCluster, String> {
         static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let script = repo_root().join("tests/cluster/cluster.sh");
         let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -103,6 +110,7 @@ impl TestCluster {
             .arg(&script)
             .arg("up")
             .arg(&dir)
+            .env("DRA_CLUSTER_RUNTIME_CONFIG", runtime_config)
             .stdin(Stdio::null())
             .output()
             .map_err(|e| format!("could not run {}: {e}", script.display()))?;
