@@ -423,13 +423,26 @@ fn lint_and_render() {
     .into_iter()
     .collect();
     assert_eq!(agent_role, want_agent);
-    let class = object(&docs, "DeviceClass", None);
-    assert_eq!(class["metadata"]["name"], "gpu.nvidia.com");
+    // NVIDIA's DeviceClasses: whole GPUs, also behind the device plugin's extended
+    // resource, and MIG devices, told apart by the attribute `type` both drivers publish.
     assert_eq!(
-        class["spec"]["selectors"],
-        json!([{"cel": {"expression": "device.driver == \"gpu.nvidia.com\""}}])
+        object(&docs, "DeviceClass", Some("gpu.nvidia.com"))["spec"],
+        json!({
+            "selectors": [{"cel": {"expression": GPU_CLASS_SELECTOR}}],
+            "extendedResourceName": "nvidia.com/gpu",
+        })
+    );
+    assert_eq!(
+        object(&docs, "DeviceClass", Some("mig.nvidia.com"))["spec"],
+        json!({"selectors": [{"cel": {"expression": MIG_CLASS_SELECTOR}}]})
     );
 }
+
+/// The selectors of NVIDIA's DRA driver's classes gpu.nvidia.com and mig.nvidia.com.
+const GPU_CLASS_SELECTOR: &str =
+    "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'";
+const MIG_CLASS_SELECTOR: &str =
+    "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'";
 
 #[test]
 fn values_change_what_is_rendered() {
@@ -437,7 +450,8 @@ fn values_change_what_is_rendered() {
     let docs = template(&[
         "serviceMonitor.enabled=true",
         "nodeAgent.enabled=false",
-        "deviceClass.create=false",
+        "deviceClasses.gpu.create=false",
+        "deviceClasses.mig.create=false",
     ]);
     let k = kinds(&docs);
     assert!(k.contains("ServiceMonitor"), "{k:?}");
@@ -503,6 +517,21 @@ fn values_change_what_is_rendered() {
     assert_eq!(c["image"], "ghcr.io/dra-scheduler/dra-scheduler:v9");
     assert_eq!(c["ports"][0]["containerPort"], 9100);
 
+    // Each class on its own; no extended resource when its name is empty.
+    let docs = template(&[
+        "deviceClasses.mig.create=false",
+        "deviceClasses.gpu.extendedResourceName=",
+    ]);
+    let class = object(&docs, "DeviceClass", None);
+    assert_eq!(class["metadata"]["name"], "gpu.nvidia.com");
+    assert!(
+        class["spec"].get("extendedResourceName").is_none(),
+        "{class}"
+    );
+    let docs = template(&["deviceClasses.gpu.create=false"]);
+    let class = object(&docs, "DeviceClass", None);
+    assert_eq!(class["metadata"]["name"], "mig.nvidia.com");
+
     // One replica: no PDB (it would block every drain), leader election may be off.
     let docs = template(&["replicaCount=1", "leaderElection.enabled=false"]);
     assert!(!kinds(&docs).contains("PodDisruptionBudget"));
@@ -524,6 +553,17 @@ fn values_change_what_is_rendered() {
         e.contains("config.scoring and config.profile: set the weights in one of them"),
         "{e}"
     );
+    // The old single class's values are refused with the keys that replaced them.
+    for old in ["deviceClass.create=false", "deviceClass.selector=true"] {
+        let e = template_error(&[old]);
+        assert!(
+            e.contains("the value deviceClass was replaced by deviceClasses.gpu.create")
+                && e.contains(
+                    "set deviceClasses.gpu.create=false and deviceClasses.mig.create=false"
+                ),
+            "{e}"
+        );
+    }
 }
 
 /// A kubeconfig for the same cluster as `admin` whose user is `token`.
@@ -587,10 +627,23 @@ async fn installs_and_its_rbac_is_enough_to_schedule() {
         .get("dra-scheduler-node-agent")
         .await
         .expect("the chart's DaemonSet");
-    Api::<DeviceClass>::all(client.clone())
+    let classes = Api::<DeviceClass>::all(client.clone());
+    let gpu_class = classes
         .get("gpu.nvidia.com")
         .await
-        .expect("the chart's DeviceClass");
+        .expect("the chart's DeviceClass gpu.nvidia.com");
+    assert_eq!(
+        gpu_class
+            .spec
+            .and_then(|s| s.extended_resource_name)
+            .as_deref(),
+        Some("nvidia.com/gpu"),
+        "the API server kept extendedResourceName (DRAExtendedResource is on)"
+    );
+    classes
+        .get("mig.nvidia.com")
+        .await
+        .expect("the chart's DeviceClass mig.nvidia.com");
 
     // The scheduler's identity is the chart's ServiceAccount, through a real token.
     let out = run(cluster.kubectl().args([
