@@ -566,6 +566,181 @@ fn values_change_what_is_rendered() {
     }
 }
 
+/// A folder of this test process under the system's temporary folder, empty.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("dra-chart-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Writes `docs` as one YAML file of `---` separated documents.
+fn write_documents(path: &Path, docs: &[&Value]) {
+    let text: String = docs
+        .iter()
+        .map(|d| format!("---\n{}", serde_yaml::to_string(d).unwrap()))
+        .collect();
+    std::fs::write(path, text).unwrap();
+}
+
+/// `dra-scheduler simulate --output json` on `paths`: the report.
+fn simulate(paths: &[PathBuf]) -> Value {
+    let out = run(Command::new(env!("CARGO_BIN_EXE_dra-scheduler"))
+        .args(["simulate", "--output", "json"])
+        .args(paths));
+    serde_json::from_slice(&out.stdout).expect("the report is JSON")
+}
+
+/// The devices allocated to claim `default/<name>` in a simulate report.
+fn allocated<'a>(report: &'a Value, claim: &str) -> Vec<&'a str> {
+    let found = report["claims"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["namespace"] == "default" && c["name"] == claim)
+        .unwrap_or_else(|| panic!("claim {claim} is not in the report"));
+    found["allocation"]["devices"]["results"]
+        .as_array()
+        .unwrap_or_else(|| panic!("claim {claim} is not allocated: {found}"))
+        .iter()
+        .map(|r| r["device"].as_str().unwrap())
+        .collect()
+}
+
+fn placed<'a>(report: &'a Value, pod: &str) -> Option<&'a str> {
+    report["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["namespace"] == "default" && p["name"] == pod)
+        .unwrap_or_else(|| panic!("pod {pod} is not in the report"))["node"]
+        .as_str()
+}
+
+/// The rendered DeviceClasses and the node agent's own ResourceSlices of a 4x A100 node
+/// (each GPU whole and as every MIG placement), with a MIG instance of gpu-0 in use: a
+/// request for gpu.nvidia.com gets an idle whole GPU, never a MIG device, though with a
+/// class of every device of the driver it would get the next free MIG placement of gpu-0.
+#[test]
+fn simulate_with_the_charts_classes_gives_gpu_requests_whole_gpus() {
+    let dir = scratch("classes");
+    let docs = template(&[]);
+    let classes: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "DeviceClass").collect();
+    assert_eq!(classes.len(), 2);
+    let classes_file = dir.join("classes.yaml");
+    write_documents(&classes_file, &classes);
+
+    // The attribute `type` of each device the agent publishes.
+    let agent_slices = repo().join("crates/dra-node-agent/profiles/slices/4x-a100-40gb-mig.yaml");
+    let slices = documents(&std::fs::read_to_string(&agent_slices).unwrap());
+    let device_type = |name: &str| -> String {
+        slices
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
+            .find(|d| d["name"] == name)
+            .unwrap_or_else(|| panic!("the agent publishes no device {name}"))["attributes"]["type"]
+            ["string"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name} has no string attribute type"))
+            .to_string()
+    };
+    assert_eq!(device_type("gpu-0"), "gpu");
+    assert_eq!(device_type("gpu-0-mig-1g5gb-19-1"), "mig");
+
+    let report = simulate(&[
+        classes_file,
+        agent_slices,
+        repo().join("tests/data/chart-classes"),
+        repo().join("examples/extended-resource/workload.yaml"),
+    ]);
+    for pod in ["trainer", "inference", "legacy-cuda"] {
+        assert_eq!(placed(&report, pod), Some("a100-node"), "{pod}");
+    }
+    // One gpu.nvidia.com device: a whole GPU, and not gpu-0, part of which is in use.
+    let gpu = allocated(&report, "trainer-gpu");
+    assert_eq!(gpu.len(), 1);
+    assert_eq!(device_type(gpu[0]), "gpu", "trainer got {gpu:?}");
+    assert_ne!(gpu[0], "gpu-0");
+    // One mig.nvidia.com device: a MIG placement.
+    let mig = allocated(&report, "inference-mig");
+    assert_eq!(mig.len(), 1);
+    assert_eq!(device_type(mig[0]), "mig", "inference got {mig:?}");
+    // The device plugin's `nvidia.com/gpu: 1`, through the class's extendedResourceName: a
+    // whole GPU too.
+    let legacy = allocated(&report, "legacy-cuda-extended-resources");
+    assert_eq!(legacy.len(), 1);
+    assert_eq!(device_type(legacy[0]), "gpu", "legacy-cuda got {legacy:?}");
+    assert!(!legacy.contains(&"gpu-0") && !legacy.contains(&gpu[0]));
+
+    // The extended-resource example with the chart's classes in place of its own.
+    let example = repo().join("examples/extended-resource");
+    let fleet = documents(&std::fs::read_to_string(example.join("fleet.yaml")).unwrap());
+    let fleet: Vec<&Value> = fleet
+        .iter()
+        .filter(|d| d["kind"] != "DeviceClass")
+        .collect();
+    let fleet_file = dir.join("fleet.yaml");
+    write_documents(&fleet_file, &fleet);
+    let report = simulate(&[
+        dir.join("classes.yaml"),
+        fleet_file,
+        example.join("workload.yaml"),
+    ]);
+    assert_eq!(placed(&report, "legacy-cuda"), Some("gpu-node-1"));
+    assert_eq!(
+        allocated(&report, "legacy-cuda-extended-resources"),
+        ["gpu-0"]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The examples' classes gpu.nvidia.com and mig.nvidia.com select what the chart's do,
+/// so what `simulate` says of an example holds for a cluster with the chart installed.
+#[test]
+fn the_examples_classes_are_the_charts() {
+    let docs = template(&[]);
+    let chart_class = |name: &str| &object(&docs, "DeviceClass", Some(name))["spec"];
+    let mut seen = BTreeSet::new();
+    for example in std::fs::read_dir(repo().join("examples")).unwrap() {
+        let example = example.unwrap().path();
+        if !example.is_dir() {
+            continue;
+        }
+        for file in std::fs::read_dir(&example).unwrap() {
+            let file = file.unwrap().path();
+            if file.extension().is_none_or(|e| e != "yaml") {
+                continue;
+            }
+            for d in documents(&std::fs::read_to_string(&file).unwrap()) {
+                let name = d["metadata"]["name"].as_str().unwrap_or_default();
+                if d["kind"] != "DeviceClass" || !name.ends_with(".nvidia.com") {
+                    continue;
+                }
+                let chart = chart_class(name);
+                assert_eq!(
+                    d["spec"]["selectors"],
+                    chart["selectors"],
+                    "{}: DeviceClass {name}",
+                    file.display()
+                );
+                if let Some(extended) = d["spec"].get("extendedResourceName") {
+                    assert_eq!(
+                        extended,
+                        &chart["extendedResourceName"],
+                        "{}",
+                        file.display()
+                    );
+                }
+                seen.insert(name.to_string());
+            }
+        }
+    }
+    assert_eq!(
+        seen,
+        BTreeSet::from(["gpu.nvidia.com".into(), "mig.nvidia.com".into()])
+    );
+}
+
 /// A kubeconfig for the same cluster as `admin` whose user is `token`.
 fn token_kubeconfig(admin: &Path, token: &str, path: &Path) {
     let text = std::fs::read_to_string(admin).unwrap();
