@@ -29,22 +29,66 @@ pub fn start_scheduler_with(cluster: &TestCluster, extra: &[&str]) -> Daemon {
 }
 
 /// A scheduler that talks to the API server with `kubeconfig` (another identity than
-/// cluster-admin).
+/// cluster-admin). Its log (stderr) is the test's, at warn unless RUST_LOG says otherwise:
+/// a line per scheduling decision would bury a failure's message.
 pub fn start_scheduler_as(kubeconfig: &std::path::Path, extra: &[&str]) -> Daemon {
+    let rust_log = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into());
+    spawn_scheduler(kubeconfig, extra, Stdio::inherit(), &rust_log)
+}
+
+/// A scheduler whose whole log, at the default level, goes to the file `log`.
+pub fn start_scheduler_logging_to(
+    cluster: &TestCluster,
+    log: &std::path::Path,
+    extra: &[&str],
+) -> Daemon {
+    let file = std::fs::File::create(log).expect("create the scheduler's log file");
+    spawn_scheduler(cluster.kubeconfig_path(), extra, file.into(), "")
+}
+
+fn spawn_scheduler(
+    kubeconfig: &std::path::Path,
+    extra: &[&str],
+    stderr: Stdio,
+    rust_log: &str,
+) -> Daemon {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_dra-scheduler"))
         .args(["run", "--kubeconfig"])
         .arg(kubeconfig)
         .args(["--metrics-bind-address", &format!("127.0.0.1:{port}")])
         .args(extra)
+        .env("RUST_LOG", rust_log)
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .expect("start dra-scheduler run");
     Daemon {
         child,
         metrics: format!("http://127.0.0.1:{port}"),
     }
+}
+
+/// Every line of a JSON log, parsed; each must be one JSON object with exactly one
+/// `message` key. The key is also counted in the raw text, because a parser keeps one of
+/// two duplicate keys without a word.
+pub fn json_log(text: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    text.lines()
+        .map(|line| {
+            let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not a JSON object ({e}): {line}"));
+            assert_eq!(
+                line.matches("\"message\":").count(),
+                1,
+                "one message key: {line}"
+            );
+            assert!(object["message"].is_string(), "{line}");
+            for key in ["timestamp", "level", "target"] {
+                assert!(object.contains_key(key), "{key} missing: {line}");
+            }
+            object
+        })
+        .collect()
 }
 
 fn kubectl_apply_text(cluster: &TestCluster, name: &str, text: &[u8]) {

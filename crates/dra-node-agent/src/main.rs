@@ -82,6 +82,12 @@ struct Opts {
     /// Where GPUs come from.
     #[arg(long, value_enum, default_value = "nvml", global = true)]
     backend: BackendKind,
+    /// Where the host's NVIDIA driver files are mounted (the host's `/`, or the GPU
+    /// Operator's driver root): `--backend nvml` loads libnvidia-ml.so.1 from its library
+    /// folders, links followed inside it. Without it, or when it lacks the library, the
+    /// dynamic loader's search path is used.
+    #[arg(long, env = "NVIDIA_DRIVER_ROOT", global = true, value_name = "DIR")]
+    driver_root: Option<PathBuf>,
     /// Profile for `--backend fake` (see profiles/*.yaml).
     #[arg(long, global = true)]
     fake_profile: Option<PathBuf>,
@@ -99,6 +105,21 @@ struct Opts {
     /// Seconds between discoveries (GPUs appearing or vanishing).
     #[arg(long, default_value_t = 10, global = true)]
     rediscover_seconds: u64,
+    /// Log format: text, or json (one object a line, one `message` key, fields such as
+    /// `node` and `claim` as keys of their own). Logs go to stderr.
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    log_format: LogFormat,
+    /// Log verbosity, as kube components take it: 0-3 info (the default), 4 adds the
+    /// agent's debug messages, 5 the libraries' debug messages, 6 everything. RUST_LOG,
+    /// when set, wins.
+    #[arg(long = "v", short = 'v', value_name = "LEVEL", global = true)]
+    verbosity: Option<u8>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 impl Opts {
@@ -124,7 +145,7 @@ impl Opts {
                     .context("--backend fake needs --fake-profile FILE")?;
                 Arc::new(FakeBackend::from_file(path)?)
             }
-            BackendKind::Nvml => Arc::new(NvmlBackend::new().map_err(|e| {
+            BackendKind::Nvml => Arc::new(NvmlBackend::new(self.driver_root.as_deref()).map_err(|e| {
                 anyhow::anyhow!("{e} (run on a node with the NVIDIA driver, or pass --backend fake --fake-profile FILE)")
             })?),
         })
@@ -147,12 +168,11 @@ impl Opts {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let format = match cli.opts.log_format {
+        LogFormat::Text => dra_telemetry::log::Format::Text,
+        LogFormat::Json => dra_telemetry::log::Format::Json,
+    };
+    dra_telemetry::log::init(format, cli.opts.verbosity);
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let result = rt.block_on(async {
         match cli.command.unwrap_or(Command::Run) {
@@ -164,7 +184,7 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            dra_telemetry::log::fatal(format, &format!("{e:#}"));
             std::process::ExitCode::FAILURE
         }
     }

@@ -1,6 +1,7 @@
 //! Discovery behind one trait: [`GpuBackend`], with an NVML backend for real nodes and a
 //! fake backend driven by a YAML profile for development, tests and the simulator.
 
+pub mod driver_root;
 pub mod fake;
 pub mod nvml;
 

@@ -35,11 +35,27 @@ fn nvml_err(call: &str) -> impl Fn(NvmlError) -> BackendError + '_ {
 }
 
 impl NvmlBackend {
-    /// Loads and initialises NVML.
-    pub fn new() -> Result<NvmlBackend, BackendError> {
-        let nvml = Nvml::init().map_err(|e| match e {
+    /// Loads and initialises NVML: from the driver root when one is given and holds
+    /// [`NVML_LIBRARY`] (see [`super::driver_root`]), else by name through the dynamic
+    /// loader's search path (where the NVIDIA container runtime puts it).
+    pub fn new(driver_root: Option<&Path>) -> Result<NvmlBackend, BackendError> {
+        let found =
+            driver_root.and_then(|root| super::driver_root::find_library(root, NVML_LIBRARY));
+        let mut builder = Nvml::builder();
+        if let Some(path) = &found {
+            builder.lib_path(path.as_os_str());
+        }
+        let nvml = builder.init().map_err(|e| match e {
             NvmlError::LibloadingError(inner) => BackendError::LibraryMissing {
-                library: NVML_LIBRARY.into(),
+                library: match (&found, driver_root) {
+                    (Some(path), _) => path.display().to_string(),
+                    (None, Some(root)) => format!(
+                        "{NVML_LIBRARY} (not in {} under the driver root {}, nor on the loader's path)",
+                        super::driver_root::LIBRARY_DIRS.join(", "),
+                        root.display()
+                    ),
+                    (None, None) => NVML_LIBRARY.into(),
+                },
                 reason: inner.to_string(),
             },
             NvmlError::DriverNotLoaded => BackendError::LibraryMissing {
@@ -51,6 +67,10 @@ impl NvmlBackend {
                 reason: other.to_string(),
             },
         })?;
+        tracing::info!(
+            library = %found.as_deref().map_or(NVML_LIBRARY.into(), |p| p.display().to_string()),
+            "loaded NVML"
+        );
         Ok(NvmlBackend {
             nvml: Arc::new(nvml),
             sysfs: "/sys/bus/pci/devices".into(),
@@ -655,10 +675,50 @@ mod tests {
         if std::path::Path::new("/dev/nvidiactl").exists() {
             return; // a GPU machine: nothing to check here
         }
-        let err = NvmlBackend::new().err().expect("no NVML on this machine");
+        let err = NvmlBackend::new(None)
+            .err()
+            .expect("no NVML on this machine");
         let msg = err.to_string();
         assert!(
             msg.starts_with("libnvidia-ml.so.1 could not be loaded: "),
+            "{msg}"
+        );
+    }
+
+    /// With a driver root, the library found there is the one loaded (a stand-in that is
+    /// not an ELF file here, so loading it fails naming that path); a root without it says
+    /// where it was looked for.
+    #[test]
+    fn the_driver_roots_library_is_loaded_by_path() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("usr/lib/x86_64-linux-gnu");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libnvidia-ml.so.535.1"), b"not a library").unwrap();
+        std::os::unix::fs::symlink(
+            "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.535.1",
+            dir.join(NVML_LIBRARY),
+        )
+        .unwrap();
+        let msg = NvmlBackend::new(Some(root.path()))
+            .err()
+            .expect("a stand-in")
+            .to_string();
+        let loaded = dir.join("libnvidia-ml.so.535.1");
+        assert!(
+            msg.starts_with(&format!("{} could not be loaded: ", loaded.display())),
+            "{msg}"
+        );
+
+        if std::path::Path::new("/dev/nvidiactl").exists() {
+            return; // a GPU machine: the loader's path may well have it
+        }
+        let empty = tempfile::tempdir().unwrap();
+        let msg = NvmlBackend::new(Some(empty.path()))
+            .err()
+            .expect("no NVML")
+            .to_string();
+        assert!(
+            msg.contains(&format!("not in usr/lib64, usr/lib/x86_64-linux-gnu, usr/lib/aarch64-linux-gnu, lib64, lib/x86_64-linux-gnu, lib/aarch64-linux-gnu, usr/lib, lib under the driver root {}", empty.path().display())),
             "{msg}"
         );
     }
