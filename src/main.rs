@@ -120,16 +120,9 @@ fn run_daemon(args: run::config::RunArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    if config.log_format == "json" {
-        tracing_subscriber::fmt()
-            .json()
-            .with_env_filter(filter)
-            .init();
-    } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
-    }
+    // Config::resolve accepts text and json only.
+    let format = config.log_format.parse().unwrap_or_default();
+    dra_telemetry::log::init(format, config.verbosity);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -137,7 +130,7 @@ fn run_daemon(args: run::config::RunArgs) -> ExitCode {
     match runtime.block_on(run::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            dra_telemetry::log::fatal(format, &format!("{e:#}"));
             ExitCode::from(1)
         }
     }

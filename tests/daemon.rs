@@ -10,13 +10,13 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use kube::api::ListParams;
-use test_cluster::{TestCluster, eventually};
+use test_cluster::{TestCluster, eventually, promlint};
 
 mod common;
 use common::{
     Daemon, apply, apply_fleet_and_burst, assert_claims_agree_with_pods, assert_no_device_twice,
-    devices, events_about, kubectl_ok, leader_of, metric, node_of, scrape, start_scheduler_with,
-    wait_bound,
+    devices, events_about, json_log, kubectl_ok, leader_of, metric, node_of, scrape,
+    start_scheduler_logging_to, start_scheduler_with, wait_bound,
 };
 
 fn start_scheduler(cluster: &TestCluster) -> Daemon {
@@ -203,6 +203,126 @@ async fn memory_selector_leaves_a_readable_condition() {
             .ends_with("3 in class gpu.nvidia.com, 1 match the selectors, 1 in use, 0 available."),
         "{message}"
     );
+}
+
+/// What an operator reads: each decision is one JSON log line (pod, node, claims, devices,
+/// how long it took), every line one object with one `message`; `/metrics` passes
+/// Prometheus' linter with every family the README lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_decision_is_one_json_log_line_and_metrics_pass_prometheus_lint() {
+    let cluster = TestCluster::dedicated();
+    let log_path = std::env::temp_dir().join(format!("daemon-json-{}.log", std::process::id()));
+    let mut daemon = start_scheduler_logging_to(&cluster, &log_path, &["--log-format", "json"]);
+    // Only the A5000 has more than 20Gi: one replica is placed, the other cannot be.
+    apply(&cluster, &["examples/memory-selector"]);
+    let pods: Api<Pod> = Api::namespaced(cluster.client().await, "default");
+    let (bound, pending) = eventually("one pod bound, one unschedulable", 120, || async {
+        let list = pods.list(&ListParams::default()).await.ok()?.items;
+        let bound = list.iter().find(|p| node_of(p).is_some())?;
+        let pending = list.iter().find(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| {
+                    c.iter().any(|c| {
+                        c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable")
+                    })
+                })
+        })?;
+        Some((
+            format!("default/{}", bound.metadata.name.as_ref()?),
+            format!("default/{}", pending.metadata.name.as_ref()?),
+        ))
+    })
+    .await;
+
+    // One line per decision: as many as the attempts /metrics counted, by result.
+    let (text, lines) = eventually("a log line for every attempt counted", 30, || async {
+        let text = scrape(&daemon.metrics).await?;
+        let lines = json_log(&std::fs::read_to_string(&log_path).ok()?);
+        let count = |message: &str| lines.iter().filter(|l| l["message"] == message).count();
+        let attempts = |result: &str| {
+            metric(
+                &text,
+                &format!(
+                    "dra_scheduler_scheduling_attempt_duration_seconds_count{{result=\"{result}\"}}"
+                ),
+            )
+        };
+        (count("bound pod to node") as f64 == attempts("scheduled")
+            && count("pod is unschedulable") as f64 == attempts("unschedulable"))
+        .then_some((text, lines))
+    })
+    .await;
+    let placed: Vec<_> = lines
+        .iter()
+        .filter(|l| l["message"] == "bound pod to node")
+        .collect();
+    assert_eq!(placed.len(), 1, "{lines:?}");
+    let line = placed[0];
+    assert_eq!(line["pod"], bound.as_str());
+    assert_eq!(line["node"], "gpu-node-1");
+    assert_eq!(line["devices"], "gpu.nvidia.com/gpu-node-1/gpu-0");
+    assert!(
+        line["claims"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{bound}-")),
+        "{line:?}"
+    );
+    let attempt = line["attempt_seconds"].as_f64().unwrap();
+    let waited = line["queued_to_bound_seconds"].as_f64().unwrap();
+    assert!(attempt > 0.0 && waited >= attempt, "{line:?}");
+    let refused: Vec<_> = lines
+        .iter()
+        .filter(|l| l["message"] == "pod is unschedulable")
+        .collect();
+    assert!(!refused.is_empty(), "{lines:?}");
+    for line in refused {
+        assert_eq!(line["pod"], pending.as_str());
+        assert_eq!(line["level"], "INFO");
+        assert!(
+            line["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("0/1 nodes are available: 1 claim default/trainer-"),
+            "{line:?}"
+        );
+    }
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.keys().all(|k| !k.starts_with("fields."))),
+        "no field is named like the envelope's keys: {lines:?}"
+    );
+
+    assert_eq!(promlint(&text), Vec::<String>::new(), "{text}");
+    for family in [
+        "build_info gauge",
+        "claim_allocation_duration_seconds histogram",
+        "scheduling_attempt_duration_seconds histogram",
+        "pod_scheduling_duration_seconds histogram",
+        "pending_pods gauge",
+        "allocator_search_steps histogram",
+        "api_write_duration_seconds histogram",
+        "binding_duration_seconds histogram",
+        "bindings_in_flight gauge",
+        "leader gauge",
+        "process_cpu_seconds_total counter",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE dra_scheduler_{family}\n")),
+            "{family} was linted: {text}"
+        );
+    }
+
+    Command::new("kill")
+        .args(["-TERM", &daemon.child.id().to_string()])
+        .status()
+        .unwrap();
+    let _ = daemon.child.wait();
+    json_log(&std::fs::read_to_string(&log_path).unwrap());
+    std::fs::remove_file(&log_path).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -391,6 +391,11 @@ async fn dra_scheduler_run_places_like_simulate() {
                 "127.0.0.1:0",
                 "--leader-elect=false",
             ])
+            // Its log is on stderr: warnings only, unless RUST_LOG asks for more.
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("start dra-scheduler run");

@@ -805,7 +805,7 @@ async fn settle(
     };
     match pod_now(pods, metrics, placement).await {
         Ok(PodNow::BoundHere) => {
-            tracing::info!(pod = %placement.pod, node = %placement.node, %message, "the binding landed although a write failed");
+            tracing::info!(pod = %placement.pod, node = %placement.node, error = %message, "the binding landed although a write failed");
             let mut stored = Vec::new();
             for decision in &placement.claims {
                 let api: Api<ResourceClaim> =

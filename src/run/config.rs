@@ -14,7 +14,7 @@ pub struct RunArgs {
     /// Schedule pods whose spec.schedulerName is this [default: dra-scheduler].
     #[arg(long, value_name = "NAME")]
     pub scheduler_name: Option<String>,
-    /// A YAML file with any of: schedulerName, kubeconfig, logFormat, metricsBindAddress,
+    /// A YAML file with any of: schedulerName, kubeconfig, logFormat, v, metricsBindAddress,
     /// percentageOfNodesToScore, maxConcurrentBinds, clientQPS, clientBurst,
     /// filterTimeoutSeconds, leaderElection {leaderElect, leaseName, leaseNamespace,
     /// leaseDurationSeconds, renewDeadlineSeconds, retryPeriodSeconds}, scoring
@@ -27,6 +27,11 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, value_name = "FORMAT", value_parser = ["text", "json"])]
     pub log_format: Option<String>,
+    /// Log verbosity, as kube components take it: 0-3 info (the default: every scheduling
+    /// decision, leadership, failures), 4 adds this scheduler's debug messages, 5 the
+    /// libraries' debug messages, 6 everything. RUST_LOG, when set, wins.
+    #[arg(long = "v", short = 'v', value_name = "LEVEL")]
+    pub verbosity: Option<u8>,
     /// Address for /metrics, /healthz and /readyz [default: 0.0.0.0:10261].
     #[arg(long, value_name = "ADDR")]
     pub metrics_bind_address: Option<String>,
@@ -75,6 +80,9 @@ struct File {
     scheduler_name: Option<String>,
     kubeconfig: Option<PathBuf>,
     log_format: Option<String>,
+    /// `--v`.
+    #[serde(rename = "v")]
+    verbosity: Option<u8>,
     metrics_bind_address: Option<String>,
     percentage_of_nodes_to_score: Option<u32>,
     max_concurrent_binds: Option<usize>,
@@ -212,6 +220,8 @@ pub struct Config {
     pub scheduler_name: String,
     pub kubeconfig: Option<PathBuf>,
     pub log_format: String,
+    /// `--v`; `None` when neither the flag nor the file sets it.
+    pub verbosity: Option<u8>,
     pub metrics_bind_address: String,
     pub percentage_of_nodes_to_score: u32,
     pub max_concurrent_binds: usize,
@@ -305,6 +315,7 @@ impl Config {
             scheduler_name,
             kubeconfig: args.kubeconfig.or(file.kubeconfig),
             log_format,
+            verbosity: args.verbosity.or(file.verbosity),
             metrics_bind_address: args
                 .metrics_bind_address
                 .or(file.metrics_bind_address)
@@ -344,16 +355,24 @@ mod tests {
         let path = dir.join("config.yaml");
         std::fs::write(
             &path,
-            "schedulerName: gpu-scheduler\nmaxConcurrentBinds: 4\nlogFormat: json\nclientQPS: 20\n",
+            "schedulerName: gpu-scheduler\nmaxConcurrentBinds: 4\nlogFormat: json\nclientQPS: 20\nv: 2\n",
         )
         .unwrap();
         let config = Config::resolve(RunArgs {
             config: Some(path.clone()),
             max_concurrent_binds: Some(8),
+            verbosity: Some(4),
             ..Default::default()
         })
         .unwrap();
         assert_eq!(config.scheduler_name, "gpu-scheduler");
+        assert_eq!(config.verbosity, Some(4), "--v wins over the file's v");
+        let from_file = Config::resolve(RunArgs {
+            config: Some(path.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(from_file.verbosity, Some(2));
         assert_eq!(config.max_concurrent_binds, 8);
         assert_eq!(config.log_format, "json");
         assert_eq!(config.metrics_bind_address, "0.0.0.0:10261");

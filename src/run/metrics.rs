@@ -49,8 +49,42 @@ pub struct Metrics {
     fence: Arc<super::leader::Fence>,
 }
 
-fn buckets() -> Vec<f64> {
-    prometheus::exponential_buckets(0.0001, 2.0, 18).expect("valid buckets")
+/// Bucket bounds, each fitted to what its histograms measure; a value past the last bound
+/// counts only in `+Inf`, where no quantile can be read from it.
+mod buckets {
+    fn exponential(start: f64, factor: f64, count: usize) -> Vec<f64> {
+        prometheus::exponential_buckets(start, factor, count).expect("valid buckets")
+    }
+
+    /// In-memory work bounded by the filter timeout (default 10 s): a scheduling attempt, a
+    /// device search. 100 µs (a warm one-GPU search) to 52 s.
+    pub fn cycle() -> Vec<f64> {
+        exponential(0.0001, 2.0, 20)
+    }
+
+    /// One API write: 1 ms to 65 s, past the API server's 60 s request timeout.
+    pub fn api_write() -> Vec<f64> {
+        exponential(0.001, 2.0, 17)
+    }
+
+    /// All writes of one decision, retried with backoff until they land or are undone:
+    /// 1 ms to 8.7 minutes.
+    pub fn binding() -> Vec<f64> {
+        exponential(0.001, 2.0, 20)
+    }
+
+    /// A pod's wait from entering the queue to being bound, which for GPUs can be hours:
+    /// kube-scheduler's `scheduler_pod_scheduling_sli_duration_seconds` bounds
+    /// (`ExponentialBuckets(0.01, 2, 20)`, 10 ms to 87 minutes, so quantiles compare with
+    /// it) and four more, up to 23 hours.
+    pub fn pod_scheduling() -> Vec<f64> {
+        exponential(0.01, 2.0, 24)
+    }
+
+    /// Allocator search steps per attempt: 1 to 67 million.
+    pub fn search_steps() -> Vec<f64> {
+        exponential(1.0, 4.0, 14)
+    }
 }
 
 impl Metrics {
@@ -61,22 +95,22 @@ impl Metrics {
                 "claim_allocation_duration_seconds",
                 "Time the device search for a pod's claims took on the chosen node, once per placement that allocates at least one claim (all of a pod's claims are searched together)",
             )
-            .buckets(buckets()),
+            .buckets(buckets::cycle()),
         )?;
         let attempts = HistogramVec::new(
             HistogramOpts::new(
                 "scheduling_attempt_duration_seconds",
                 "Scheduling attempt duration by result (scheduled, unschedulable, error): the whole cycle, every node",
             )
-            .buckets(buckets()),
+            .buckets(buckets::cycle()),
             &["result"],
         )?;
         let bind_latency = HistogramVec::new(
             HistogramOpts::new(
                 "binding_duration_seconds",
-                "API writes of one decision (claims and binding)",
+                "API writes of one decision (claims and binding), retries included",
             )
-            .buckets(buckets()),
+            .buckets(buckets::binding()),
             &["result"],
         )?;
         let pending = IntGaugeVec::new(
@@ -92,21 +126,21 @@ impl Metrics {
                 "pod_scheduling_duration_seconds",
                 "From a pod entering the queue to its binding",
             )
-            .buckets(prometheus::exponential_buckets(0.001, 2.0, 18)?),
+            .buckets(buckets::pod_scheduling()),
         )?;
         let search_steps = prometheus::Histogram::with_opts(
             HistogramOpts::new(
                 "allocator_search_steps",
                 "Allocator search effort per scheduling attempt: requests and devices tried, all nodes",
             )
-            .buckets(prometheus::exponential_buckets(1.0, 4.0, 14)?),
+            .buckets(buckets::search_steps()),
         )?;
         let api_writes = HistogramVec::new(
             HistogramOpts::new(
                 "api_write_duration_seconds",
                 "API writes by verb and resource",
             )
-            .buckets(buckets()),
+            .buckets(buckets::api_write()),
             &["verb", "resource"],
         )?;
         let api_errors = IntCounterVec::new(
@@ -120,6 +154,10 @@ impl Metrics {
             "leader",
             "1 while this replica is the leader (or runs without leader election)",
         )?;
+        registry.register(Box::new(dra_telemetry::build_info(
+            "build_info",
+            env!("CARGO_PKG_VERSION"),
+        )?))?;
         registry.register(Box::new(pod_scheduling.clone()))?;
         registry.register(Box::new(search_steps.clone()))?;
         registry.register(Box::new(api_writes.clone()))?;
@@ -294,5 +332,60 @@ pub async fn serve(
         });
     if let Err(e) = axum::serve(listener, app).await {
         tracing::error!(error = %e, "metrics server stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_scheduling_buckets_are_kube_schedulers_sli_buckets_and_reach_a_day() {
+        let bounds = buckets::pod_scheduling();
+        // kube-scheduler: metrics.ExponentialBuckets(0.01, 2, 20).
+        let kube: Vec<f64> = (0..20).map(|i| 0.01 * f64::powi(2.0, i)).collect();
+        assert_eq!(bounds[..20], kube[..]);
+        assert!(
+            *bounds.last().unwrap() > 20.0 * 3600.0,
+            "a GPU queue wait of hours lands in a bucket: {bounds:?}"
+        );
+    }
+
+    #[test]
+    fn every_histogram_reaches_past_what_it_measures() {
+        let top = |b: Vec<f64>| *b.last().unwrap();
+        let filter_timeout = dra_engine::DEFAULT_FILTER_TIMEOUT.as_secs_f64();
+        // An attempt whose first try ran out is both tries: up to twice the budget.
+        assert!(top(buckets::cycle()) > 2.0 * filter_timeout);
+        assert!(
+            buckets::cycle()[0] <= 0.0001,
+            "a warm one-GPU search is about 0.5 ms"
+        );
+        assert!(
+            top(buckets::api_write()) > 60.0,
+            "the API server's request timeout"
+        );
+        assert!(top(buckets::binding()) > top(buckets::api_write()));
+        assert!(top(buckets::search_steps()) >= 1e7);
+    }
+
+    #[test]
+    fn build_info_names_the_version_commit_and_compiler() {
+        let text = Metrics::new().unwrap().render();
+        let want = format!(
+            "dra_scheduler_build_info{{git_commit=\"{}\",rustc_version=\"{}\",version=\"{}\"}} 1\n",
+            dra_telemetry::GIT_COMMIT,
+            dra_telemetry::RUSTC_VERSION,
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&want), "{text}");
+        assert!(dra_telemetry::RUSTC_VERSION.starts_with("rustc 1."));
+        let top = format!("le=\"{}\"", buckets::pod_scheduling().last().unwrap());
+        assert!(
+            text.lines().any(|l| l
+                .starts_with("dra_scheduler_pod_scheduling_duration_seconds_bucket")
+                && l.contains(&top)),
+            "{text}"
+        );
     }
 }

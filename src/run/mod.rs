@@ -824,8 +824,19 @@ impl Daemon {
             .attempts
             .with_label_values(&[result])
             .observe(elapsed);
+        // One line per decision: a placement's once its binding is done (`bound`,
+        // `binding_failed`).
+        match &decision {
+            Decision::Scheduled(_) => {}
+            Decision::Unschedulable { pod, message, .. } | Decision::OutOfTime { pod, message } => {
+                tracing::info!(%pod, attempt_seconds = elapsed, reason = %message, "pod is unschedulable")
+            }
+            Decision::Error { pod, message } => {
+                tracing::warn!(%pod, attempt_seconds = elapsed, error = %message, "scheduling attempt failed; backing off")
+            }
+        }
         match decision {
-            Decision::Scheduled(placement) => self.scheduled(key, placement),
+            Decision::Scheduled(placement) => self.scheduled(key, placement, elapsed),
             Decision::Unschedulable {
                 pod,
                 message,
@@ -842,7 +853,7 @@ impl Daemon {
     }
 
     /// Assume the placement and start writing it.
-    fn scheduled(&mut self, key: ObjectKey, placement: Placement) {
+    fn scheduled(&mut self, key: ObjectKey, placement: Placement, attempt_seconds: f64) {
         if placement.claims.iter().any(|c| c.allocation.is_some()) {
             self.metrics
                 .allocation_latency
@@ -853,7 +864,10 @@ impl Daemon {
         self.queue.pods_placed();
         self.book.in_flight.insert(key.clone(), placement.clone());
         self.metrics.in_flight.set(self.book.in_flight.len() as i64);
-        let added = self.queue.added_at(&key);
+        let timing = Timing {
+            queued: self.queue.added_at(&key),
+            attempt_seconds,
+        };
         let (client, done, binds, metrics) = (
             self.client.clone(),
             self.done.clone(),
@@ -868,7 +882,7 @@ impl Daemon {
                 .bind_latency
                 .with_label_values(&[if result.is_ok() { "ok" } else { "error" }])
                 .observe(started.elapsed().as_secs_f64());
-            let _ = done.send((placement, added, result));
+            let _ = done.send((placement, timing, result));
         });
     }
 
@@ -897,7 +911,7 @@ impl Daemon {
                 }
                 Ok(false) => {}
                 Err(message) => {
-                    tracing::warn!(%pod, %claim, %message, "could not deallocate")
+                    tracing::warn!(%pod, %claim, error = %message, "could not deallocate")
                 }
             }
         });
@@ -934,16 +948,16 @@ impl Daemon {
     }
 
     /// A binding task finished.
-    fn on_binding_done(&mut self, (placement, added, result): Done) {
+    fn on_binding_done(&mut self, (placement, timing, result): Done) {
         self.book.in_flight.remove(&placement.pod);
         self.metrics.in_flight.set(self.book.in_flight.len() as i64);
         match result {
-            Ok(stored) => self.bound(placement, added, stored),
+            Ok(stored) => self.bound(placement, timing, stored),
             Err(failure) => self.binding_failed(placement, failure),
         }
     }
 
-    fn bound(&mut self, placement: Placement, added: Option<Instant>, stored: Vec<ResourceClaim>) {
+    fn bound(&mut self, placement: Placement, timing: Timing, stored: Vec<ResourceClaim>) {
         let engine = here(&mut self.engine);
         // What the API server stored is newer than anything the informers have shown;
         // late events cannot undo it.
@@ -954,11 +968,20 @@ impl Daemon {
         self.book
             .confirming
             .insert(placement.pod.clone(), placement.clone());
-        if let Some(added) = added {
-            self.metrics
-                .pod_scheduling
-                .observe(added.elapsed().as_secs_f64());
+        let waited = timing.queued.map(|added| added.elapsed().as_secs_f64());
+        if let Some(waited) = waited {
+            self.metrics.pod_scheduling.observe(waited);
         }
+        let (claims, devices) = claims_and_devices(&placement);
+        tracing::info!(
+            pod = %placement.pod,
+            node = %placement.node,
+            %claims,
+            %devices,
+            attempt_seconds = timing.attempt_seconds,
+            queued_to_bound_seconds = waited,
+            "bound pod to node"
+        );
         self.queue.remove(&placement.pod);
         self.user
             .scheduled(placement.pod, placement.pod_uid, placement.node);
@@ -967,12 +990,12 @@ impl Daemon {
     fn binding_failed(&mut self, placement: Placement, failure: binder::BindFailure) {
         let engine = here(&mut self.engine);
         if failure.unwound {
-            tracing::warn!(pod = %placement.pod, message = %failure.message, "binding failed; undone, backing off");
+            tracing::warn!(pod = %placement.pod, node = %placement.node, error = %failure.message, "binding failed; undone, backing off");
             engine.forget(&placement);
         } else {
             // The claims may still hold the devices: keep them taken, free only the pod;
             // the informers bring the claims' truth.
-            tracing::warn!(pod = %placement.pod, message = %failure.message, "binding failed and could not be undone; its devices stay taken");
+            tracing::warn!(pod = %placement.pod, node = %placement.node, error = %failure.message, "binding failed and could not be undone; its devices stay taken");
             engine.forget_pod(&placement);
         }
         self.queue.backoff(&placement.pod, Instant::now());
@@ -1064,9 +1087,36 @@ async fn serve_endpoints(
 /// A binding task's report: the placement, when its pod entered the queue, and the result.
 type Done = (
     Placement,
-    Option<Instant>,
+    Timing,
     Result<Vec<ResourceClaim>, binder::BindFailure>,
 );
+
+/// What a placement's line and `pod_scheduling_duration_seconds` say once it is bound.
+#[derive(Clone, Copy, Debug)]
+struct Timing {
+    /// When the pod entered the queue (`None` if it has left it since).
+    queued: Option<Instant>,
+    /// The scheduling attempt that chose the node.
+    attempt_seconds: f64,
+}
+
+/// A placement's claims and the devices they hold, for its log line: `ns/name,...` and
+/// `driver/pool/device,...` (claims that were allocated already included).
+fn claims_and_devices(placement: &Placement) -> (String, String) {
+    let claims: Vec<String> = placement.claims.iter().map(|c| c.key.to_string()).collect();
+    let devices: Vec<String> = placement
+        .claims
+        .iter()
+        .filter_map(|c| {
+            c.allocation
+                .as_ref()
+                .or_else(|| c.claim.status.as_ref()?.allocation.as_ref())
+        })
+        .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
+        .map(|r| format!("{}/{}/{}", r.driver, r.pool, r.device))
+        .collect();
+    (claims.join(","), devices.join(","))
+}
 
 /// The next pod to try, if any; pods whose claims do not exist yet are gated on the way.
 fn next_pod(engine: &Engine, queue: &mut SchedulingQueue, book: &Bookkeeping) -> Option<ObjectKey> {
@@ -1144,7 +1194,7 @@ fn apply(
         Change::Storage(change) => storage::apply(engine, informers, book.placements(), change),
         Change::Workloads(change) => workloads::apply(engine, informers, change),
         Change::WatchError(kind, message) => {
-            tracing::warn!(kind, %message, "watch failed; backing off and re-listing");
+            tracing::warn!(kind, error = %message, "watch failed; backing off and re-listing");
             false
         }
     };
@@ -1476,6 +1526,56 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_placements_line_names_its_claims_and_every_device_they_hold() {
+        let allocation = |devices: &[&str]| -> k8s_openapi::api::resource::v1::AllocationResult {
+            let results: Vec<_> = devices
+                .iter()
+                .map(|d| serde_json::json!({"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n1", "device": d}))
+                .collect();
+            serde_json::from_value(serde_json::json!({"devices": {"results": results}})).unwrap()
+        };
+        let claim = |name: &str, allocated: Option<&[&str]>| -> ResourceClaim {
+            let mut claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": "default"}, "spec": {}}))
+            .unwrap();
+            if let Some(devices) = allocated {
+                claim.status = Some(k8s_openapi::api::resource::v1::ResourceClaimStatus {
+                    allocation: Some(allocation(devices)),
+                    ..Default::default()
+                });
+            }
+            claim
+        };
+        let decision =
+            |name: &str, new: Option<&[&str]>, before: Option<&[&str]>| dra_engine::ClaimDecision {
+                key: ObjectKey::new("default", name),
+                claim: claim(name, before),
+                allocation: new.map(allocation),
+                create: false,
+                extended_mappings: Vec::new(),
+            };
+        let placement = Placement {
+            pod: ObjectKey::new("default", "p"),
+            pod_uid: None,
+            node: "n1".into(),
+            claims: vec![
+                decision("new", Some(&["gpu-0", "gpu-1"]), None),
+                decision("kept", None, Some(&["nic-0"])),
+            ],
+            allocation_time: Duration::ZERO,
+            volumes: Vec::new(),
+        };
+        assert_eq!(
+            claims_and_devices(&placement),
+            (
+                "default/new,default/kept".to_string(),
+                "gpu.nvidia.com/n1/gpu-0,gpu.nvidia.com/n1/gpu-1,gpu.nvidia.com/n1/nic-0"
+                    .to_string()
+            )
+        );
+    }
 
     #[test]
     fn a_relist_drops_what_was_deleted_while_the_watch_was_down() {

@@ -77,8 +77,12 @@ impl Metrics {
             &["op"],
         )
         .expect("valid metric");
+        let build_info =
+            dra_telemetry::build_info("dra_node_agent_build_info", env!("CARGO_PKG_VERSION"))
+                .expect("valid metric");
         for c in [
-            Box::new(prepare_seconds.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(build_info) as Box<dyn prometheus::core::Collector>,
+            Box::new(prepare_seconds.clone()),
             Box::new(unprepare_seconds.clone()),
             Box::new(prepare_errors.clone()),
             Box::new(unprepare_errors.clone()),
@@ -184,6 +188,13 @@ mod tests {
             text.contains("dra_node_agent_published_devices 60"),
             "{text}"
         );
+        let build_info = format!(
+            "dra_node_agent_build_info{{git_commit=\"{}\",rustc_version=\"{}\",version=\"{}\"}} 1",
+            dra_telemetry::GIT_COMMIT,
+            dra_telemetry::RUSTC_VERSION,
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&build_info), "{text}");
     }
 
     #[tokio::test]

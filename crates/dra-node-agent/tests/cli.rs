@@ -170,3 +170,156 @@ status:
         "/dev/nvidia5"
     );
 }
+
+/// `run` on the fake backend, with an API server that never answers: the agent starts,
+/// serves /metrics, and logs in `log_format` until SIGTERM. Returns what it wrote on stderr
+/// and its /metrics.
+fn run_against_nobody(log_format: &str) -> (String, String) {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let api_port = test_cluster::free_port();
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+             clusters: [{{name: c, cluster: {{server: 'https://127.0.0.1:{api_port}'}}}}]\n\
+             users: [{{name: u, user: {{token: t}}}}]\n\
+             contexts: [{{name: c, context: {{cluster: c, user: u}}}}]\n"
+        ),
+    )
+    .unwrap();
+    let http = format!("127.0.0.1:{}", test_cluster::free_port());
+    let mut cmd = agent();
+    cmd.args([
+        "--node-name",
+        "n1",
+        "--backend",
+        "fake",
+        "--log-format",
+        log_format,
+    ])
+    .args(["--fake-profile", &profile("1x-a5000-2x-t10.yaml")])
+    .args(["--http-address", &http])
+    .arg("--kubeconfig")
+    .arg(&kubeconfig);
+    for (flag, sub) in [
+        ("--plugin-dir", "plugin"),
+        ("--registry-dir", "registry"),
+        ("--cdi-dir", "cdi"),
+    ] {
+        let path = dir.path().join(sub);
+        std::fs::create_dir_all(&path).unwrap();
+        cmd.arg(flag).arg(path);
+    }
+    let mut child = cmd
+        .env("RUST_LOG", "")
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    // The discovery line, the HTTP address, then the publisher failing to reach nobody.
+    let mut seen: Vec<String> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen
+        .iter()
+        .filter(|l| l.contains("serving /metrics"))
+        .count()
+        == 0
+        || seen.len() < 4
+    {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => seen.push(line),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("the agent wrote too little in 30 s: {seen:#?}");
+            }
+        }
+    }
+    let metrics = Command::new("curl")
+        .args(["-sf", &format!("http://{http}/metrics")])
+        .output()
+        .unwrap();
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let _ = child.wait();
+    seen.extend(rx.try_iter());
+    assert!(metrics.status.success(), "/metrics: {seen:#?}");
+    (
+        seen.iter().map(|l| format!("{l}\n")).collect(),
+        String::from_utf8(metrics.stdout).unwrap(),
+    )
+}
+
+#[test]
+fn json_logs_are_one_object_a_line_with_one_message_and_fields_as_keys() {
+    let (log, _) = run_against_nobody("json");
+    let mut discovered = 0;
+    for line in log.lines() {
+        let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a JSON object ({e}): {line}"));
+        assert_eq!(line.matches("\"message\":").count(), 1, "{line}");
+        for key in ["timestamp", "level", "message", "target"] {
+            assert!(object.contains_key(key), "{key} missing: {line}");
+        }
+        if object["message"] == "discovered GPUs" {
+            discovered += 1;
+            assert_eq!(object["node"], "n1", "{line}");
+            assert_eq!(object["gpus"], 3, "a number stays a number: {line}");
+            assert_eq!(object["backend"], "fake", "{line}");
+        }
+    }
+    assert_eq!(discovered, 1, "{log}");
+}
+
+#[test]
+fn text_logs_carry_no_colour_codes_when_stderr_is_not_a_terminal() {
+    let (log, _) = run_against_nobody("text");
+    assert!(
+        log.lines()
+            .any(|l| l.contains(" INFO ") && l.contains("discovered GPUs")),
+        "{log}"
+    );
+    assert!(!log.contains('\x1b'), "colour codes in a pipe: {log:?}");
+}
+
+#[test]
+fn metrics_follow_prometheus_conventions_and_name_the_build() {
+    let (_, text) = run_against_nobody("text");
+    assert_eq!(
+        test_cluster::promlint(&text),
+        Vec::<String>::new(),
+        "{text}"
+    );
+    let build_info = format!(
+        "dra_node_agent_build_info{{git_commit=\"{}\",rustc_version=\"{}\",version=\"{}\"}} 1\n",
+        dra_telemetry::GIT_COMMIT,
+        dra_telemetry::RUSTC_VERSION,
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(text.contains(&build_info), "{text}");
+    for family in [
+        "prepare_duration_seconds histogram",
+        "prepare_errors_total counter",
+        "published_devices gauge",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE dra_node_agent_{family}\n")),
+            "{family}: {text}"
+        );
+    }
+}

@@ -29,6 +29,9 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
+mod promlint;
+pub use promlint::promlint;
+
 /// The Node name of [`TestCluster::with_node`]'s kubelet.
 pub const NODE_NAME: &str = "node-1";
 /// An image on [`TestCluster::with_node`]'s node: Debian's static busybox, with its applets
