@@ -9,7 +9,6 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -21,43 +20,13 @@ use serde_json::{Value, json};
 use test_cluster::{TestCluster, eventually, free_port};
 
 mod common;
-use common::{repo, run};
+use common::{helm, repo, run, token_kubeconfig};
 
 const RELEASE: &str = "dra-scheduler";
 const NAMESPACE: &str = "kube-system";
 
 fn chart() -> PathBuf {
     repo().join("charts/dra-scheduler")
-}
-
-/// The helm binary, built from Go modules on first use (the script skips a built one).
-fn helm_binary() -> &'static Path {
-    static HELM: OnceLock<PathBuf> = OnceLock::new();
-    HELM.get_or_init(|| {
-        let out = Command::new("bash")
-            .arg(repo().join("tests/chart/build-helm.sh"))
-            .stdin(Stdio::null())
-            .output()
-            .expect("run tests/chart/build-helm.sh");
-        assert!(
-            out.status.success(),
-            "tests/chart/build-helm.sh failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-    })
-}
-
-/// `helm` with its config, cache and data in a folder of this test process, so nothing of
-/// the user's Helm setup (repositories, plugins) plays a part.
-fn helm() -> Command {
-    let home = std::env::temp_dir().join(format!("dra-chart-test-helm-{}", std::process::id()));
-    let mut cmd = Command::new(helm_binary());
-    cmd.env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .stdin(Stdio::null());
-    cmd
 }
 
 /// `helm template` of the chart into kube-system with `--set` values, as JSON documents.
@@ -180,6 +149,8 @@ fn lint_and_render() {
         "RoleBinding",
         "DaemonSet",
         "DeviceClass",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ] {
         assert!(kinds.contains(kind), "{kind} not rendered: {kinds:?}");
     }
@@ -188,8 +159,14 @@ fn lint_and_render() {
         "ServiceMonitor is opt-in"
     );
     for d in &docs {
-        let cluster_scoped = ["ClusterRole", "ClusterRoleBinding", "DeviceClass"]
-            .contains(&d["kind"].as_str().unwrap());
+        let cluster_scoped = [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "DeviceClass",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ]
+        .contains(&d["kind"].as_str().unwrap());
         assert_eq!(
             d["metadata"]["namespace"].as_str(),
             (!cluster_scoped).then_some(NAMESPACE),
@@ -286,57 +263,59 @@ fn lint_and_render() {
         "metrics"
     );
 
-    // RBAC: what the scheduler needs, bound to its ServiceAccount.
+    // RBAC: exactly what the scheduler uses (tests/least_privilege.rs shows each grant is
+    // needed), bound to its ServiceAccount.
     let role = object(&docs, "ClusterRole", Some("dra-scheduler"));
     let have = grants(role);
     let rg = "resource.k8s.io";
-    let want: Vec<_> = [
+    let want: BTreeSet<_> = [
+        grant("", &["pods", "nodes"], &["get", "list", "watch"]),
         grant(
             "",
-            &["pods", "nodes", "namespaces"],
-            &["get", "list", "watch"],
+            &[
+                "namespaces",
+                "services",
+                "replicationcontrollers",
+                "persistentvolumes",
+                "persistentvolumeclaims",
+            ],
+            &["list", "watch"],
         ),
         grant(
             "",
-            &["services", "replicationcontrollers"],
-            &["get", "list", "watch"],
+            &["persistentvolumes", "persistentvolumeclaims"],
+            &["get", "patch"],
         ),
+        grant("apps", &["replicasets", "statefulsets"], &["list", "watch"]),
         grant(
-            "apps",
-            &["replicasets", "statefulsets"],
-            &["get", "list", "watch"],
+            "storage.k8s.io",
+            &["storageclasses", "csinodes", "csidrivers"],
+            &["list", "watch"],
         ),
         grant("", &["pods/binding"], &["create"]),
-        grant("", &["pods/status"], &["patch", "update"]),
-        grant("", &["events"], &["create", "patch", "update"]),
-        grant("events.k8s.io", &["events"], &["create", "patch", "update"]),
+        grant("", &["pods/status"], &["patch"]),
+        grant("", &["pods/finalizers"], &["update"]),
+        grant("events.k8s.io", &["events"], &["create", "patch"]),
         grant(
             rg,
             &["resourceclaims"],
-            &[
-                "get", "list", "watch", "create", "update", "patch", "delete",
-            ],
+            &["get", "list", "watch", "create", "patch"],
         ),
         grant(
             rg,
             &["resourceclaims/status", "resourceclaims/binding"],
-            &["update", "patch"],
+            &["patch"],
         ),
         grant(
             rg,
-            &[
-                "resourceslices",
-                "deviceclasses",
-                "devicetaintrules",
-                "resourceclaimtemplates",
-            ],
-            &["get", "list", "watch"],
+            &["resourceslices", "deviceclasses", "devicetaintrules"],
+            &["list", "watch"],
         ),
     ]
-    .concat();
-    for g in &want {
-        assert!(have.contains(g), "ClusterRole lacks {g:?}");
-    }
+    .concat()
+    .into_iter()
+    .collect();
+    assert_eq!(have, want, "the scheduler's ClusterRole");
     assert!(!have.iter().any(|(_, r, _)| r == "secrets"), "{have:?}");
     let binding = object(&docs, "ClusterRoleBinding", Some("dra-scheduler"));
     assert_eq!(binding["roleRef"]["name"], "dra-scheduler");
@@ -344,16 +323,15 @@ fn lint_and_render() {
         binding["subjects"],
         json!([{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}])
     );
+    // The Lease: its own by name, and create, which RBAC cannot limit by name.
     let lease_role = object(&docs, "Role", None);
     assert_eq!(
-        grants(lease_role),
-        grant(
-            "coordination.k8s.io",
-            &["leases"],
-            &["get", "list", "watch", "create", "update", "patch"]
-        )
-        .into_iter()
-        .collect()
+        lease_role["rules"],
+        json!([
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "resourceNames": ["dra-scheduler"], "verbs": ["get", "update"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        ])
     );
     assert_eq!(
         object(&docs, "RoleBinding", None)["roleRef"]["name"],
@@ -376,13 +354,18 @@ fn lint_and_render() {
             "--cdi-dir=/var/run/cdi",
             "--http-address=0.0.0.0:8080",
             "--rediscover-seconds=10",
+            "--driver-root=/driver-root",
         ]
     );
     assert_eq!(
         c["env"],
         json!([{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}])
     );
-    assert_eq!(c["securityContext"]["privileged"], true);
+    // NVML opens the GPUs' device files: privileged, with a read-only root filesystem.
+    assert_eq!(
+        c["securityContext"],
+        json!({"privileged": true, "readOnlyRootFilesystem": true})
+    );
     let host_paths: BTreeSet<&str> = agent["volumes"]
         .as_array()
         .unwrap()
@@ -401,8 +384,24 @@ fn lint_and_render() {
         "/var/run/cdi",
     ]
     .into();
-    assert_eq!(host_paths, expected);
-    assert_eq!(mounts, expected);
+    // The host's driver root (/), read-only at /driver-root, where --driver-root looks.
+    let with = |extra: &'static str| {
+        let mut set = expected.clone();
+        set.insert(extra);
+        set
+    };
+    assert_eq!(host_paths, with("/"));
+    assert_eq!(mounts, with("/driver-root"));
+    let driver_root = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == "/driver-root")
+        .unwrap();
+    assert_eq!(driver_root["readOnly"], true);
+    // Critical pods, as the release namespace kube-system allows.
+    assert_eq!(agent["priorityClassName"], "system-node-critical");
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
     assert_eq!(
         agent["nodeSelector"],
         json!({"nvidia.com/gpu.present": "true"})
@@ -414,7 +413,7 @@ fn lint_and_render() {
         grant(
             rg,
             &["resourceslices"],
-            &["get", "list", "watch", "create", "update", "delete"],
+            &["list", "watch", "create", "update", "delete"],
         ),
         grant(rg, &["resourceclaims"], &["get"]),
         grant("", &["nodes"], &["get"]),
@@ -423,6 +422,16 @@ fn lint_and_render() {
     .into_iter()
     .collect();
     assert_eq!(agent_role, want_agent);
+    // Its slice writes are limited to its own node (tests/least_privilege.rs shows it).
+    let policy = object(&docs, "ValidatingAdmissionPolicy", None);
+    assert_eq!(
+        policy["spec"]["matchConditions"][0]["expression"],
+        format!("request.userInfo.username == \"system:serviceaccount:{NAMESPACE}:{agent_sa}\"")
+    );
+    assert_eq!(
+        object(&docs, "ValidatingAdmissionPolicyBinding", None)["spec"],
+        json!({"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]})
+    );
     // NVIDIA's DeviceClasses: whole GPUs, also behind the device plugin's extended
     // resource, and MIG devices, told apart by the attribute `type` both drivers publish.
     assert_eq!(
@@ -510,6 +519,10 @@ fn values_change_what_is_rendered() {
         "dra-system"
     );
     assert_eq!(
+        object(&docs, "Role", None)["rules"][0]["resourceNames"],
+        json!(["gpu-scheduler"])
+    );
+    assert_eq!(
         object(&docs, "RoleBinding", None)["metadata"]["namespace"],
         "dra-system"
     );
@@ -536,6 +549,79 @@ fn values_change_what_is_rendered() {
     let docs = template(&["replicaCount=1", "leaderElection.enabled=false"]);
     assert!(!kinds(&docs).contains("PodDisruptionBudget"));
     assert_eq!(config(&docs)["leaderElection"]["leaderElect"], false);
+    assert!(
+        !kinds(&docs).contains("Role") && !kinds(&docs).contains("RoleBinding"),
+        "no Lease access without leader election"
+    );
+
+    // The agent's privileges follow its backend: the fake one needs no GPU devices and no
+    // driver files, so it runs unprivileged, as root with no capabilities.
+    let agent = |sets: &[&str]| {
+        let docs = template(sets);
+        object(&docs, "DaemonSet", None)["spec"]["template"]["spec"].clone()
+    };
+    let fake = ["nodeAgent.backend=fake", "nodeAgent.fakeProfile=/p.yaml"];
+    let unprivileged = json!({
+        "privileged": false,
+        "allowPrivilegeEscalation": false,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": true,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    });
+    let pod = agent(&fake);
+    let c = &pod["containers"][0];
+    assert_eq!(c["securityContext"], unprivileged);
+    assert!(
+        !strings(&c["args"])
+            .iter()
+            .any(|a| a.starts_with("--driver-root"))
+    );
+    assert!(
+        !pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "driver-root"),
+        "{pod}"
+    );
+    // `privileged` overrides the backend's default either way; securityContext adds to it.
+    let pod = agent(&[
+        "nodeAgent.privileged=false",
+        "nodeAgent.securityContext.runAsUser=0",
+    ]);
+    let mut with_user = unprivileged.clone();
+    with_user["runAsUser"] = json!(0);
+    assert_eq!(pod["containers"][0]["securityContext"], with_user);
+    let pod = agent(&[&fake[..], &["nodeAgent.privileged=true"]].concat());
+    assert_eq!(pod["containers"][0]["securityContext"]["privileged"], true);
+    // The GPU Operator's driver root; none at all when the runtime brings NVML.
+    let pod = agent(&["nodeAgent.driverRoot=/run/nvidia/driver"]);
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "driver-root")
+        .unwrap()
+        .clone();
+    assert_eq!(volume["hostPath"]["path"], "/run/nvidia/driver");
+    let pod = agent(&["nodeAgent.driverRoot=", "nodeAgent.runtimeClassName=nvidia"]);
+    assert_eq!(pod["runtimeClassName"], "nvidia");
+    assert!(
+        !strings(&pod["containers"][0]["args"])
+            .iter()
+            .any(|a| a.starts_with("--driver-root"))
+    );
+    // Priority classes for a release outside kube-system; the admission policy optional.
+    let docs = template(&[
+        "priorityClassName=",
+        "nodeAgent.priorityClassName=gpu-critical",
+        "nodeAgent.sliceAdmissionPolicy.enabled=false",
+    ]);
+    let spec = |kind| object(&docs, kind, None)["spec"]["template"]["spec"].clone();
+    assert!(spec("Deployment").get("priorityClassName").is_none());
+    assert_eq!(spec("DaemonSet")["priorityClassName"], "gpu-critical");
+    assert!(!kinds(&docs).contains("ValidatingAdmissionPolicy"));
+    assert!(!kinds(&docs).contains("ValidatingAdmissionPolicyBinding"));
 
     // Settings that would break the scheduler are refused at render time.
     let e = template_error(&["leaderElection.enabled=false"]);
@@ -739,17 +825,6 @@ fn the_examples_classes_are_the_charts() {
         seen,
         BTreeSet::from(["gpu.nvidia.com".into(), "mig.nvidia.com".into()])
     );
-}
-
-/// A kubeconfig for the same cluster as `admin` whose user is `token`.
-fn token_kubeconfig(admin: &Path, token: &str, path: &Path) {
-    let text = std::fs::read_to_string(admin).unwrap();
-    let mut kc: Value = serde_yaml::from_str(&text).unwrap();
-    kc["users"] = json!([{"name": "chart-sa", "user": {"token": token}}]);
-    for ctx in kc["contexts"].as_array_mut().unwrap() {
-        ctx["context"]["user"] = json!("chart-sa");
-    }
-    std::fs::write(path, serde_json::to_vec_pretty(&kc).unwrap()).unwrap();
 }
 
 /// A scheduler process, stopped when dropped; its log is shown when the test fails.

@@ -329,3 +329,33 @@ pub fn run(cmd: &mut Command) -> std::process::Output {
     );
     out
 }
+
+/// `helm`, built from Go modules by `tests/chart/build-helm.sh` on first use (the script
+/// keeps a built one), with its config, cache and data in a folder of this test process so
+/// that nothing of the user's Helm setup (repositories, plugins) plays a part.
+pub fn helm() -> Command {
+    static HELM: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let binary = HELM.get_or_init(|| {
+        let out = run(Command::new("bash").arg(repo().join("tests/chart/build-helm.sh")));
+        std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    });
+    let home = std::env::temp_dir().join(format!("dra-test-helm-{}", std::process::id()));
+    let mut cmd = Command::new(binary);
+    cmd.env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// A kubeconfig at `path` for the same cluster as the kubeconfig `admin`, whose user is
+/// `token` (a ServiceAccount's, from `kubectl create token`).
+pub fn token_kubeconfig(admin: &std::path::Path, token: &str, path: &std::path::Path) {
+    let text = std::fs::read_to_string(admin).unwrap();
+    let mut kc: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+    kc["users"] = serde_json::json!([{"name": "token", "user": {"token": token}}]);
+    for ctx in kc["contexts"].as_array_mut().unwrap() {
+        ctx["context"]["user"] = serde_json::json!("token");
+    }
+    std::fs::write(path, serde_json::to_vec_pretty(&kc).unwrap()).unwrap();
+}
