@@ -224,6 +224,9 @@ fn helm_binary() -> PathBuf {
     PathBuf::from(text(&out).trim())
 }
 
+/// A node's ResourceSlices by name: resourceVersion, and (device, product) pairs.
+type Slices = BTreeMap<String, (String, Vec<(String, String)>)>;
+
 struct Kube<'a> {
     cluster: &'a TestCluster,
 }
@@ -520,7 +523,7 @@ impl E2e<'_> {
         ]);
     }
 
-    fn slices(&self) -> BTreeMap<String, (String, Vec<(String, String)>)> {
+    fn slices(&self) -> Slices {
         self.kube
             .items(&["get", "resourceslices.v1.resource.k8s.io"])
             .iter()
@@ -869,11 +872,11 @@ fn end_to_end(full: bool) {
     // The agent: Ready, its slices published, registered with kubelet.
     let agent = wait("the node agent pod Ready", 180, || e2e.agent_pod());
     let agent_name = name(&agent);
-    let slices = wait("the node's ResourceSlices", 60, || {
+    let published = wait("the node's ResourceSlices", 60, || {
         let slices = e2e.slices();
         (slices.values().map(|(_, d)| d.len()).sum::<usize>() == 3).then_some(slices)
     });
-    println!("agent pod {agent_name} Ready; ResourceSlices of {NODE_NAME}: {slices:?}");
+    println!("agent pod {agent_name} Ready; ResourceSlices of {NODE_NAME}: {published:?}");
     if !full {
         step("chart installed: schedulers, leader, agent, slices");
         return;
@@ -891,7 +894,7 @@ fn end_to_end(full: bool) {
         println!("agent {agent_name}: {line}");
     }
     let product = |device: &str| -> String {
-        slices
+        published
             .values()
             .flat_map(|(_, d)| d.iter())
             .find(|(n, _)| n == device)
@@ -968,6 +971,7 @@ fn end_to_end(full: bool) {
             .count()
     };
     let listened = listens(());
+    let before_restart = e2e.slices();
     let kubelet = restart_node_process(&dir, "kubelet", "KILL");
     wait(
         "the restarted kubelet to report the Node Ready",
@@ -981,6 +985,25 @@ fn end_to_end(full: bool) {
                 .clone();
             (ready["status"] == "True" && listens(()) > listened).then_some(())
         },
+    );
+    // kubelet deletes every ResourceSlice of its node when it starts (a driver that does
+    // not come back must not keep advertising devices); the running agent publishes
+    // them again, on the deletion it watches or at its next rediscovery at the latest.
+    let started = Instant::now();
+    let republished = wait(
+        "the agent to publish the slices kubelet wiped at start",
+        60,
+        || {
+            let slices = e2e.slices();
+            let devices = |s: &Slices| s.values().map(|(_, d)| d.clone()).collect::<Vec<_>>();
+            let versions = |s: &Slices| s.values().map(|(v, _)| v.clone()).collect::<Vec<_>>();
+            let recreated = versions(&slices) != versions(&before_restart);
+            (recreated && devices(&slices) == devices(&published)).then_some(slices)
+        },
+    );
+    println!(
+        "fault check [kubelet restart]: kubelet wiped the slices of {NODE_NAME} ({before_restart:?}); the agent published them again within {:?} of the Node Ready: {republished:?}",
+        started.elapsed()
     );
     std::thread::sleep(Duration::from_secs(5));
     let after = e2e.settled("after kubelet SIGKILL and restart", 1);

@@ -347,7 +347,8 @@ impl Publisher {
         loop {
             if dirty {
                 match self.sync_once().await {
-                    Ok(_) => {
+                    Ok(outcome) => {
+                        tracing::debug!(?outcome, "ResourceSlices reconciled");
                         dirty = false;
                         backoff = Duration::from_millis(200);
                     }
@@ -374,8 +375,10 @@ impl Publisher {
                 ev = slice_events.next() => {
                     // Our own writes come back here too; the pass that follows finds the
                     // pool in sync and writes nothing.
-                    if let Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)) = ev {
-                        dirty = true;
+                    match ev {
+                        Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)) => dirty = true,
+                        Some(Err(e)) => tracing::debug!(error = %e, "watching ResourceSlices failed; re-watching"),
+                        _ => {}
                     }
                 }
             }
