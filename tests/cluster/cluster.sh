@@ -24,8 +24,10 @@
 #                                 e.g. `ctr DIR images import IMAGE.tar`
 #
 # `up` reads DRA_CLUSTER_RUNTIME_CONFIG: more --runtime-config entries for kube-apiserver,
-# e.g. resource.k8s.io/v1/devicetaintrules=false to serve the APIs an older release serves
-# (kept in DIR, so restart-apiserver keeps them).
+# e.g. resource.k8s.io/v1/devicetaintrules=false to serve the APIs an older release serves,
+# and DRA_CLUSTER_ADMISSION_PLUGINS: admission plugins to enable besides the default ones,
+# e.g. OwnerReferencesPermissionEnforcement (both kept in DIR, so restart-apiserver keeps
+# them).
 #
 # DIR defaults to tests/cluster/.run/default. Each DIR is an independent cluster on its own
 # free ports, so several test binaries can each have one.
@@ -251,7 +253,10 @@ start_apiserver() {
   local dir=$1 etcd_client api_port
   etcd_client=$(cat "$dir/etcd.port")
   api_port=$(cat "$dir/apiserver.port")
-  local pki=$dir/pki
+  local pki=$dir/pki extra=()
+  if [[ -s $dir/admission-plugins ]]; then
+    extra+=(--enable-admission-plugins "$(cat "$dir/admission-plugins")")
+  fi
   # --allow-privileged as every real cluster (kubeadm, kind, the clouds) sets it: kubelet
   # DRA plugins such as the chart's node agent run privileged. It reaches kubelets (logs,
   # exec, port-forward on a `cluster.sh node`) with the admin certificate, which kubelet's
@@ -275,7 +280,8 @@ start_apiserver() {
     --profiling=false \
     --allow-privileged=true \
     --kubelet-client-certificate "$pki/admin.crt" --kubelet-client-key "$pki/admin.key" \
-    --kubelet-preferred-address-types InternalIP
+    --kubelet-preferred-address-types InternalIP \
+    ${extra[@]+"${extra[@]}"}
 }
 
 # The extra --runtime-config entries `up` was given, with a leading comma.
@@ -340,6 +346,7 @@ up() {
 
   echo "$etcd_client" >"$dir/etcd.port"
   printf '%s' "${DRA_CLUSTER_RUNTIME_CONFIG:-}" >"$dir/runtime-config"
+  printf '%s' "${DRA_CLUSTER_ADMISSION_PLUGINS:-}" >"$dir/admission-plugins"
   start_apiserver "$dir"
   local pki=$dir/pki
   kubeconfig "$dir" admin "$api_port"

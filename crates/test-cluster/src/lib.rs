@@ -77,7 +77,7 @@ impl TestCluster {
     ///
     /// Panics (failing the test) with the reason when the control plane cannot start.
     pub fn shared() -> &'static TestCluster {
-        match SHARED.get_or_init(|| Self::start("")) {
+        match SHARED.get_or_init(|| Self::start(&[])) {
             Ok(cluster) => cluster,
             Err(reason) => panic!("the test control plane is not available: {reason}"),
         }
@@ -95,7 +95,19 @@ impl TestCluster {
     /// (comma-separated), e.g. `resource.k8s.io/v1/devicetaintrules=false` to serve only
     /// what an older Kubernetes release serves by default.
     pub fn dedicated_with_runtime_config(extra: &str) -> TestCluster {
-        match Self::start(extra) {
+        Self::dedicated_with(&[("DRA_CLUSTER_RUNTIME_CONFIG", extra)])
+    }
+
+    /// A dedicated cluster whose kube-apiserver also runs these admission plugins
+    /// (comma-separated), e.g. `OwnerReferencesPermissionEnforcement`, which some
+    /// distributions turn on.
+    pub fn dedicated_with_admission_plugins(plugins: &str) -> TestCluster {
+        Self::dedicated_with(&[("DRA_CLUSTER_ADMISSION_PLUGINS", plugins)])
+    }
+
+    /// A dedicated cluster started with `cluster.sh up`'s environment `env`.
+    fn dedicated_with(env: &[(&str, &str)]) -> TestCluster {
+        match Self::start(env) {
             Ok(mut cluster) => {
                 cluster.dedicated = true;
                 cluster
@@ -104,7 +116,7 @@ impl TestCluster {
         }
     }
 
-    fn start(runtime_config: &str) -> Result<TestCluster, String> {
+    fn start(env: &[(&str, &str)]) -> Result<TestCluster, String> {
         static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let script = repo_root().join("tests/cluster/cluster.sh");
         let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -113,7 +125,9 @@ impl TestCluster {
             .arg(&script)
             .arg("up")
             .arg(&dir)
-            .env("DRA_CLUSTER_RUNTIME_CONFIG", runtime_config)
+            .env("DRA_CLUSTER_RUNTIME_CONFIG", "")
+            .env("DRA_CLUSTER_ADMISSION_PLUGINS", "")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .output()
             .map_err(|e| format!("could not run {}: {e}", script.display()))?;
