@@ -1,7 +1,8 @@
 //! A real node on this machine (`cluster.sh node`): containerd v2.4.2 and kubelet v1.37.2
 //! built from Go modules, registered with the test control plane.
 //! - the kubelet registers Node `node-1` (kubelet v1.37.2, containerd 2.4.2) with the
-//!   machine's own address as InternalIP;
+//!   address cluster.sh gave it in the cluster's own network namespace as InternalIP (the
+//!   whole cluster lives there: nothing it sends leaves the namespace);
 //! - a hostNetwork busybox pod (an image made on this machine, no registry) reaches
 //!   Running, and `kubectl logs` reads its output through kube-apiserver and kubelet;
 //! - `cluster.sh down` leaves nothing behind: no process, mount, container cgroup,
@@ -16,7 +17,9 @@ use std::path::Path;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::PostParams;
-use test_cluster::{BUSYBOX_IMAGE, NODE_NAME, TestCluster, eventually, server_message};
+use test_cluster::{
+    BUSYBOX_IMAGE, NODE_ADDRESS, NODE_NAME, TestCluster, eventually, server_message,
+};
 
 /// Kernel settings kubelet changes when it starts; `down` puts them back.
 const SYSCTLS: [&str; 6] = [
@@ -187,10 +190,17 @@ async fn a_real_node_runs_a_pod_and_down_leaves_nothing_behind() {
     let before = host();
     let cluster = TestCluster::with_node();
     let dir = cluster.dir().to_path_buf();
+    let netns = cluster
+        .netns()
+        .expect("the node's cluster has its own network namespace");
+    assert!(
+        names("/run/netns").contains(netns),
+        "{netns} is not in /run/netns"
+    );
     let client = cluster.client().await;
 
-    // The kubelet registered its Node with an InternalIP (the machine's own address:
-    // kubelet refuses loopback), where kube-apiserver reaches it.
+    // The kubelet registered its Node with an InternalIP (the node's address in the
+    // cluster's network namespace: kubelet refuses loopback), where kube-apiserver reaches it.
     let nodes: Api<Node> = Api::all(client.clone());
     let node = eventually("Node node-1 with an InternalIP", 60, || {
         let nodes = nodes.clone();
@@ -199,7 +209,7 @@ async fn a_real_node_runs_a_pod_and_down_leaves_nothing_behind() {
             let addresses = node.status.as_ref()?.addresses.as_ref()?;
             addresses
                 .iter()
-                .any(|a| a.type_ == "InternalIP")
+                .any(|a| a.type_ == "InternalIP" && a.address == NODE_ADDRESS)
                 .then_some(node)
         }
     })

@@ -17,20 +17,18 @@
 //!
 //! What the test cluster lacks that a user's cluster has, the test supplies, and says so:
 //! - a pod network: a CNI `bridge` network (Debian's containernetworking-plugins) on a bridge
-//!   the test makes, 10.244.0.0/24, with no masquerade and no route off the machine;
+//!   the test makes, 10.244.0.0/24, inside the network namespace the whole cluster lives in
+//!   (`TestCluster::with_node`): nothing the pods send leaves it;
 //! - kube-proxy: the `kubernetes` Service's address 10.0.0.1:443 is put on that bridge and a
-//!   TCP relay in this test forwards it to kube-apiserver on loopback, so pods' in-cluster
-//!   config works;
+//!   TCP relay in this test (a thread in that namespace) forwards it to kube-apiserver on the
+//!   namespace's loopback, so pods' in-cluster config works;
 //! - a kube-scheduler for the chart's own pods (cluster.sh's reference scheduler as
 //!   `default-scheduler`);
 //! - GPU device files: /dev/nvidia0..2, nvidiactl, nvidia-uvm(-tools) made as copies of
 //!   /dev/null, since containerd stats every CDI device node.
 //!
-//! Everything the test adds outside the cluster's folder is removed when it ends.
-//!
-//! Today only the part up to the published ResourceSlices runs by default; the rest is
-//! `#[ignore]`d with the reason (it fails at the scheduler-leader fault: see that test).
-//! `cargo test --test node_e2e -- --include-ignored --nocapture` runs both, one at a time.
+//! Everything the test adds outside the cluster's folder and namespace is removed when it
+//! ends. The two tests each start a node; they run one at a time.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -93,7 +91,6 @@ fn wait<T>(what: &str, seconds: u64, mut check: impl FnMut() -> Option<T>) -> T 
 #[derive(Default)]
 struct HostAdditions {
     device_files: Vec<&'static str>,
-    bridge: bool,
     cdi_dir_made: bool,
     relay_stop: Option<Arc<AtomicBool>>,
     port_forward: Option<Child>,
@@ -107,9 +104,6 @@ impl Drop for HostAdditions {
         }
         if let Some(stop) = &self.relay_stop {
             stop.store(true, Ordering::SeqCst);
-        }
-        if self.bridge {
-            let _ = Command::new("ip").args(["link", "del", BRIDGE]).status();
         }
         for f in &self.device_files {
             let _ = std::fs::remove_file(f);
@@ -134,24 +128,29 @@ impl HostAdditions {
     }
 
     /// A CNI bridge network for the node, and the `kubernetes` Service address relayed to
-    /// kube-apiserver on loopback.
-    fn pod_network(&mut self, node_dir: &Path, api_port: u16) {
+    /// kube-apiserver on loopback, all in the cluster's own network namespace (deleted
+    /// with the cluster).
+    fn pod_network(&mut self, cluster: &TestCluster, node_dir: &Path, api_port: u16) {
+        assert!(
+            cluster.netns().is_some(),
+            "the node's cluster has its own network namespace"
+        );
+        let ip = || cluster.command("ip");
         assert!(
             Path::new("/usr/lib/cni/bridge").exists()
                 && Path::new("/usr/lib/cni/host-local").exists(),
             "/usr/lib/cni/bridge and host-local are missing: apt-get install containernetworking-plugins"
         );
-        run(Command::new("ip").args(["link", "add", BRIDGE, "type", "bridge"]));
-        self.bridge = true;
-        run(Command::new("ip").args([
+        run(ip().args(["link", "add", BRIDGE, "type", "bridge"]));
+        run(ip().args([
             "addr",
             "add",
             &format!("{SUBNET_GATEWAY}/24"),
             "dev",
             BRIDGE,
         ]));
-        run(Command::new("ip").args(["addr", "add", &format!("{SERVICE_IP}/32"), "dev", BRIDGE]));
-        run(Command::new("ip").args(["link", "set", BRIDGE, "up"]));
+        run(ip().args(["addr", "add", &format!("{SERVICE_IP}/32"), "dev", BRIDGE]));
+        run(ip().args(["link", "set", BRIDGE, "up"]));
         let cni = node_dir.join("cni");
         std::os::unix::fs::symlink("/usr/lib/cni", cni.join("bin")).expect("link CNI plugins");
         let conf = serde_json::json!({
@@ -172,11 +171,13 @@ impl HostAdditions {
         });
         std::fs::write(cni.join("net.d/10-dra-e2e.conflist"), conf.to_string()).unwrap();
 
-        let listener = TcpListener::bind((SERVICE_IP, 443)).expect("bind the Service address");
-        listener.set_nonblocking(true).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         self.relay_stop = Some(stop.clone());
-        std::thread::spawn(move || {
+        // The relay's thread lives in the cluster's namespace: the Service address it binds
+        // and kube-apiserver's loopback it connects to are both there.
+        cluster.spawn_in_netns(move || {
+            let listener = TcpListener::bind((SERVICE_IP, 443)).expect("bind the Service address");
+            listener.set_nonblocking(true).unwrap();
             while !stop.load(Ordering::SeqCst) {
                 match listener.accept() {
                     Ok((inbound, _)) => {
@@ -607,7 +608,8 @@ impl E2e<'_> {
 /// Kills the cluster.sh-started process `component` (kubelet or containerd) with `signal`
 /// and starts it again with the same command line, environment and log, recording its new
 /// pid where `cluster.sh down` looks for it. Returns the new pid.
-fn restart_node_process(dir: &Path, component: &str, signal: &str) -> u32 {
+fn restart_node_process(cluster: &TestCluster, component: &str, signal: &str) -> u32 {
+    let dir = cluster.dir();
     let pid_file = dir.join("pids").join(component);
     let pid = std::fs::read_to_string(&pid_file)
         .unwrap()
@@ -635,7 +637,9 @@ fn restart_node_process(dir: &Path, component: &str, signal: &str) -> u32 {
         .append(true)
         .open(dir.join("logs").join(format!("{component}.log")))
         .unwrap();
-    let mut cmd = Command::new("setsid");
+    // In the cluster's network namespace, as cluster.sh started it (nsenter and setsid
+    // exec in place: the child's pid is the component's).
+    let mut cmd = cluster.command("setsid");
     cmd.args(&cmdline)
         .env_clear()
         .envs(environ.iter().filter_map(|kv| kv.split_once('=')))
@@ -793,7 +797,7 @@ fn end_to_end(full: bool) {
         .trim()
         .parse()
         .unwrap();
-    host.pod_network(&node_dir, api_port);
+    host.pod_network(&cluster, &node_dir, api_port);
     let kube = Kube { cluster: &cluster };
     let e2e = E2e {
         kube: Kube { cluster: &cluster },
@@ -834,7 +838,8 @@ fn end_to_end(full: bool) {
 
     // helm install, as the README says, with the fake backend and the node's kubelet folder.
     let helm_home = dir.join("helm");
-    let out = run(Command::new(&helm)
+    let out = run(cluster
+        .command(&helm)
         .env("HELM_CONFIG_HOME", helm_home.join("config"))
         .env("HELM_CACHE_HOME", helm_home.join("cache"))
         .env("HELM_DATA_HOME", helm_home.join("data"))
@@ -972,7 +977,7 @@ fn end_to_end(full: bool) {
     };
     let listened = listens(());
     let before_restart = e2e.slices();
-    let kubelet = restart_node_process(&dir, "kubelet", "KILL");
+    let kubelet = restart_node_process(&cluster, "kubelet", "KILL");
     wait(
         "the restarted kubelet to report the Node Ready",
         120,
@@ -1096,7 +1101,7 @@ fn end_to_end(full: bool) {
     );
 
     // Fault 4: containerd restarted; the pods keep running, and the node still prepares.
-    let containerd = restart_node_process(&dir, "containerd", "TERM");
+    let containerd = restart_node_process(&cluster, "containerd", "TERM");
     wait("containerd back", 60, || {
         cluster
             .ctr()
@@ -1159,7 +1164,7 @@ fn end_to_end(full: bool) {
         .and_then(|r| r.split(' ').next())
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("port-forward said: {first_line}"));
-    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut conn = cluster.connect(port).unwrap();
     write!(conn, "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
     let mut body = String::new();
     conn.read_to_string(&mut body).unwrap();

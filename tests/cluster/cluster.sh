@@ -29,6 +29,13 @@
 # e.g. OwnerReferencesPermissionEnforcement (both kept in DIR, so restart-apiserver keeps
 # them).
 #
+# `up` with DRA_CLUSTER_NETNS=NAME puts the cluster in a network namespace of its own: the
+# script makes NAME (loopback, and a veth pair holding the node's address
+# $NETNS_NODE_ADDRESS), runs every later command on that DIR inside it (with nsenter, which
+# keeps this machine's /sys and cgroups), and `down` deletes it. Nothing the cluster sends
+# then leaves NAME: kube-apiserver reaches kubelet at the node's address there, and a pod
+# network a test makes is there too.
+#
 # DIR defaults to tests/cluster/.run/default. Each DIR is an independent cluster on its own
 # free ports, so several test binaries can each have one.
 set -euo pipefail
@@ -47,6 +54,7 @@ CONTAINERD_VERSION=v2.4.2
 NODE_BIN=${DRA_NODE_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/dra-scheduler/node-$K8S_VERSION-containerd-$CONTAINERD_VERSION}
 NODE_COMPONENTS=(kubelet containerd containerd-shim-runc-v2 ctr pause)
 NODE_NAME=node-1
+NETNS_NODE_ADDRESS=10.99.0.2
 # Images made on this machine from local files (no registry is reachable): the sandbox,
 # and busybox (Debian's busybox-static) for test pods.
 PAUSE_IMAGE=localhost/dra-scheduler/pause:test
@@ -326,6 +334,8 @@ up() {
   fi
   rm -rf "$dir"
   mkdir -p "$dir/logs" "$dir/pids" "$dir/etcd"
+  # Inside the namespace already (see the end of this script): `down` deletes it.
+  [[ -n ${DRA_CLUSTER_NETNS:-} ]] && echo "$DRA_CLUSTER_NETNS" >"$dir/netns"
   certs "$dir/pki"
 
   local etcd_client etcd_peer api_port
@@ -423,7 +433,7 @@ node_missing() {
   command -v mount >/dev/null || missing+=("mount (apt-get install mount)")
   ! compgen -G '/etc/containerd/conf.d/*.toml' >/dev/null \
     || missing+=("no /etc/containerd/conf.d/*.toml (containerd 2.4 always reads them; they would change the node's containerd)")
-  [[ -n $(node_ip) ]] || missing+=("a non-loopback IPv4 address (kubelet refuses 127.0.0.1 as its node IP)")
+  [[ -n $(node_address "$1") ]] || missing+=("a non-loopback IPv4 address (kubelet refuses 127.0.0.1 as its node IP)")
   [[ ${#missing[@]} -eq 0 ]] \
     || die "a node cannot run on this machine; missing: $(printf '%s; ' "${missing[@]}")"
 }
@@ -437,6 +447,12 @@ node_runc() {
 }
 
 # This machine's first global IPv4 address: the node's IP.
+# The node's address: in a cluster's own network namespace, the one made there; else this
+# machine's first non-loopback IPv4 address.
+node_address() {
+  if [[ -f $1/netns ]]; then echo "$NETNS_NODE_ADDRESS"; else node_ip; fi
+}
+
 node_ip() {
   python3 - <<'EOF'
 import socket, fcntl, struct, os
@@ -494,7 +510,7 @@ start_node() {
   local dir=$1 nd=$1/node
   [[ -f "$dir/admin.kubeconfig" ]] || die "no cluster in $dir (cluster.sh up $dir first)"
   [[ ! -d "$nd" ]] || die "a node already runs in $dir"
-  node_missing
+  node_missing "$dir"
   build_node
   mkdir -p "$nd/containerd" "$nd/kubelet" "$nd/pod-logs" "$nd/volume-plugins" "$nd/cni/net.d"
   # What kubelet and containerd create outside DIR, for `down` to remove.
@@ -557,10 +573,11 @@ EOF
   (cd "$dir/pki" && leaf kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" client.ext)
   kubeconfig "$dir" kubelet "$(cat "$dir/apiserver.port")"
   # kubelet refuses a loopback node IP, and kube-apiserver reaches kubelet (logs, exec,
-  # port-forward) at the IP the Node reports: the machine's own address, which kubelet
-  # alone listens on. That traffic never leaves the machine.
+  # port-forward) at the IP the Node reports, which kubelet alone listens on: the address
+  # made in the cluster's own network namespace, or else the machine's own address (that
+  # traffic never leaves the machine either).
   local port healthz node_ip
-  node_ip=$(node_ip)
+  node_ip=$(node_address "$dir")
   port=$(free_port)
   healthz=$(free_port)
   echo "$port" >"$nd/kubelet.port"
@@ -710,8 +727,9 @@ node_down() {
 }
 
 down() {
-  local dir=$1
+  local dir=$1 netns=""
   [[ -d "$dir" ]] || return 0
+  [[ -f $dir/netns ]] && netns=$(cat "$dir/netns")
   [[ -d "$dir/node" ]] && node_down "$dir"
   local f pid
   for f in "$dir"/pids/*; do
@@ -734,6 +752,27 @@ down() {
   done
   rm -rf "$dir"
   rmdir "$HERE/.run" 2>/dev/null || true
+  if [[ -n $netns ]]; then ip netns del "$netns" 2>/dev/null || true; fi
+}
+
+# A network namespace for a cluster: loopback up, and the node's address on a veth pair
+# (no route to anywhere else).
+netns_make() {
+  local name=$1
+  [[ -e /var/run/netns/$name ]] && die "network namespace $name exists already"
+  ip netns add "$name"
+  ip -n "$name" link set lo up
+  ip -n "$name" link add node0 type veth peer name node0-peer
+  ip -n "$name" addr add "$NETNS_NODE_ADDRESS/24" dev node0
+  ip -n "$name" link set node0 up
+  ip -n "$name" link set node0-peer up
+}
+
+# Runs this script again, with the same arguments, inside network namespace $1.
+in_netns() {
+  local name=$1
+  shift
+  exec nsenter --net="/var/run/netns/$name" env DRA_CLUSTER_IN_NETNS=1 bash "${BASH_SOURCE[0]}" "$@"
 }
 
 env_cmd() {
@@ -751,6 +790,29 @@ resolve_dir() {
   mkdir -p "$(dirname "$d")"
   echo "$(cd "$(dirname "$d")" && pwd)/$(basename "$d")"
 }
+
+# Commands on a cluster that lives in a network namespace run inside it.
+if [[ -z ${DRA_CLUSTER_IN_NETNS:-} && $# -ge 2 ]]; then
+  case $1 in
+    up)
+      if [[ -n ${DRA_CLUSTER_NETNS:-} ]]; then
+        netns_make "$DRA_CLUSTER_NETNS"
+        rc=0
+        nsenter --net="/var/run/netns/$DRA_CLUSTER_NETNS" env DRA_CLUSTER_IN_NETNS=1 \
+          bash "${BASH_SOURCE[0]}" "$@" || rc=$?
+        # Failed before the cluster recorded it: nothing else will delete it.
+        [[ $rc -eq 0 || -f $(resolve_dir "$2")/netns ]] || ip netns del "$DRA_CLUSTER_NETNS"
+        exit "$rc"
+      fi
+      ;;
+    down | env | scheduler | user | restart-apiserver | node | ctr)
+      netns_dir=$(resolve_dir "$2")
+      if [[ -f $netns_dir/netns && -e /var/run/netns/$(cat "$netns_dir/netns") ]]; then
+        in_netns "$(cat "$netns_dir/netns")" "$@"
+      fi
+      ;;
+  esac
+fi
 
 case "${1:-}" in
   build) build ;;

@@ -7,7 +7,10 @@
 //! a fresh namespace with [`TestCluster::namespace`].
 //!
 //! [`TestCluster::with_node`] adds a real node (containerd and kubelet on this machine) to a
-//! cluster of its own, for tests whose pods must run.
+//! cluster of its own, for tests whose pods must run. That cluster lives in a network
+//! namespace the script makes for it, so nothing it sends leaves the namespace:
+//! [`TestCluster::kubectl`] and [`TestCluster::command`] run there, and in-process clients
+//! reach its kube-apiserver through a relay on this machine's loopback.
 //!
 //! Nothing is skipped silently: if the control plane cannot be built or started, every test
 //! that asks for it fails with the script's own message.
@@ -34,6 +37,9 @@ pub use promlint::promlint;
 
 /// The Node name of [`TestCluster::with_node`]'s kubelet.
 pub const NODE_NAME: &str = "node-1";
+/// The address of [`TestCluster::with_node`]'s node (its InternalIP), in the cluster's own
+/// network namespace: kubelet refuses a loopback node IP.
+pub const NODE_ADDRESS: &str = "10.99.0.2";
 /// An image on [`TestCluster::with_node`]'s node: Debian's static busybox, with its applets
 /// in `/bin` and `sh` as its command (no entrypoint), as Docker Hub's busybox. Use `imagePullPolicy: Never` or `IfNotPresent`.
 pub const BUSYBOX_IMAGE: &str = "localhost/dra-scheduler/busybox:test";
@@ -46,6 +52,11 @@ pub struct TestCluster {
     dir: PathBuf,
     kubeconfig: PathBuf,
     bin: PathBuf,
+    /// The network namespace the cluster lives in, if it has its own ([`Self::with_node`]).
+    netns: Option<String>,
+    /// For a cluster in its own network namespace: a port on this machine's loopback
+    /// relayed to kube-apiserver in the namespace, for in-process clients.
+    relay: OnceLock<u16>,
     /// A dedicated cluster is stopped when dropped; the shared one when the process exits.
     dedicated: bool,
 }
@@ -77,7 +88,7 @@ impl TestCluster {
     ///
     /// Panics (failing the test) with the reason when the control plane cannot start.
     pub fn shared() -> &'static TestCluster {
-        match SHARED.get_or_init(|| Self::start(&[])) {
+        match SHARED.get_or_init(|| Self::start(&[], false)) {
             Ok(cluster) => cluster,
             Err(reason) => panic!("the test control plane is not available: {reason}"),
         }
@@ -107,7 +118,7 @@ impl TestCluster {
 
     /// A dedicated cluster started with `cluster.sh up`'s environment `env`.
     fn dedicated_with(env: &[(&str, &str)]) -> TestCluster {
-        match Self::start(env) {
+        match Self::start(env, false) {
             Ok(mut cluster) => {
                 cluster.dedicated = true;
                 cluster
@@ -116,17 +127,22 @@ impl TestCluster {
         }
     }
 
-    fn start(env: &[(&str, &str)]) -> Result<TestCluster, String> {
+    /// Starts a cluster (`cluster.sh up` with `env`), in a network namespace of its own
+    /// when `netns`.
+    fn start(env: &[(&str, &str)], netns: bool) -> Result<TestCluster, String> {
         static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let script = repo_root().join("tests/cluster/cluster.sh");
         let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("dra-test-cluster-{}-{n}", std::process::id()));
+        let name = format!("dra-test-cluster-{}-{n}", std::process::id());
+        let dir = std::env::temp_dir().join(&name);
+        let netns = netns.then_some(name);
         let out = Command::new("bash")
             .arg(&script)
             .arg("up")
             .arg(&dir)
             .env("DRA_CLUSTER_RUNTIME_CONFIG", "")
             .env("DRA_CLUSTER_ADMISSION_PLUGINS", "")
+            .env("DRA_CLUSTER_NETNS", netns.as_deref().unwrap_or(""))
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .output()
@@ -164,6 +180,8 @@ impl TestCluster {
             bin,
             dedicated: false,
             dir,
+            netns,
+            relay: OnceLock::new(),
         })
     }
 
@@ -177,7 +195,13 @@ impl TestCluster {
     /// Panics (failing the test) with the reason when the node cannot start, naming what
     /// this machine lacks (root, runc, busybox-static, cgroups).
     pub fn with_node() -> TestCluster {
-        let cluster = Self::dedicated();
+        let cluster = match Self::start(&[], true) {
+            Ok(mut cluster) => {
+                cluster.dedicated = true;
+                cluster
+            }
+            Err(reason) => panic!("the test control plane is not available: {reason}"),
+        };
         if let Err(reason) = cluster.script(&["node"]) {
             let logs = ["containerd", "kubelet"]
                 .iter()
@@ -241,12 +265,94 @@ impl TestCluster {
         self.bin.join(name)
     }
 
-    /// A client config for cluster-admin.
+    /// A client config for cluster-admin (for a cluster in its own network namespace,
+    /// through a relay on this machine's loopback).
     pub async fn config(&self) -> Config {
         let kubeconfig = Kubeconfig::read_from(&self.kubeconfig).expect("read admin kubeconfig");
-        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
-            .expect("admin kubeconfig is valid")
+            .expect("admin kubeconfig is valid");
+        if self.netns.is_some() {
+            let port = *self.relay.get_or_init(|| self.start_relay());
+            config.cluster_url = format!("https://127.0.0.1:{port}")
+                .parse()
+                .expect("relay URL");
+        }
+        config
+    }
+
+    /// The network namespace the cluster lives in, when it has its own.
+    pub fn netns(&self) -> Option<&str> {
+        self.netns.as_deref()
+    }
+
+    /// A command that runs in the cluster's network namespace (or, for a cluster without
+    /// one, as it is): anything that talks to the cluster's addresses.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        match &self.netns {
+            None => Command::new(program),
+            Some(netns) => {
+                let mut cmd = Command::new("nsenter");
+                cmd.arg(format!("--net=/var/run/netns/{netns}"))
+                    .arg(program);
+                cmd
+            }
+        }
+    }
+
+    /// Runs `f` on a thread in the cluster's network namespace (here, for a cluster without
+    /// one): sockets it opens or binds belong to that namespace and can be used from any
+    /// thread.
+    pub fn in_netns<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        self.spawn_in_netns(f)
+            .join()
+            .expect("thread in the cluster's network namespace")
+    }
+
+    /// Starts a thread in the cluster's network namespace (for a cluster without one, an
+    /// ordinary thread).
+    pub fn spawn_in_netns<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
+        let netns = self.netns.clone();
+        std::thread::spawn(move || {
+            if let Some(netns) = netns {
+                enter_netns(&netns);
+            }
+            f()
+        })
+    }
+
+    /// A TCP connection to `port` on the loopback of the cluster's network namespace.
+    pub fn connect(&self, port: u16) -> std::io::Result<std::net::TcpStream> {
+        self.in_netns(move || std::net::TcpStream::connect(("127.0.0.1", port)))
+    }
+
+    /// Relays a port on this machine's loopback to kube-apiserver in the cluster's network
+    /// namespace; returns the port. The relay lives as long as the test process.
+    fn start_relay(&self) -> u16 {
+        let api_port: u16 = std::fs::read_to_string(self.dir.join("apiserver.port"))
+            .expect("apiserver.port")
+            .trim()
+            .parse()
+            .expect("a port number");
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind the relay");
+        let port = listener.local_addr().expect("relay address").port();
+        let netns = self.netns.clone().expect("a network namespace");
+        std::thread::spawn(move || {
+            for inbound in listener.incoming().flatten() {
+                let netns = netns.clone();
+                std::thread::spawn(move || {
+                    enter_netns(&netns);
+                    let Ok(outbound) = std::net::TcpStream::connect(("127.0.0.1", api_port)) else {
+                        return;
+                    };
+                    pipe(inbound, outbound);
+                });
+            }
+        });
+        port
     }
 
     /// A new cluster-admin client. Make one per test: a client lives on the runtime that
@@ -255,9 +361,9 @@ impl TestCluster {
         Client::try_from(self.config().await).expect("build kube client")
     }
 
-    /// `kubectl` pointed at this cluster.
+    /// `kubectl` pointed at this cluster (in its network namespace, if it has one).
     pub fn kubectl(&self) -> Command {
-        let mut cmd = Command::new(self.binary("kubectl"));
+        let mut cmd = self.command(self.binary("kubectl"));
         cmd.arg("--kubeconfig").arg(&self.kubeconfig);
         cmd
     }
@@ -379,5 +485,34 @@ where
             panic!("timed out after {seconds}s waiting for {what}");
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// Moves the calling thread into network namespace `name` (`/var/run/netns/NAME`).
+fn enter_netns(name: &str) {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(format!("/var/run/netns/{name}"))
+        .unwrap_or_else(|e| panic!("open network namespace {name}: {e}"));
+    // SAFETY: setns on a valid namespace file descriptor only changes this thread's
+    // network namespace.
+    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(
+        rc,
+        0,
+        "enter network namespace {name}: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Copies bytes both ways between two connections until each side closes.
+fn pipe(a: std::net::TcpStream, b: std::net::TcpStream) {
+    let (Ok(a2), Ok(b2)) = (a.try_clone(), b.try_clone()) else {
+        return;
+    };
+    for (mut from, mut to) in [(a, b2), (b, a2)] {
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut from, &mut to);
+            let _ = to.shutdown(std::net::Shutdown::Write);
+        });
     }
 }
