@@ -4,7 +4,8 @@
 //! default gates serve none; 1.34–1.35 with the alpha API on serve them in `v1alpha3`;
 //! 1.36 with the beta API on, in `v1beta2`.
 //!
-//! In each, the scheduler becomes ready and places the device-taint-rule example's jobs:
+//! In each, the scheduler becomes ready and places the device-taint-rule example's jobs
+//! (and, without DeviceTaintRules, the first-available example):
 //! where a version serves DeviceTaintRules, the example's rule (node-b's GPUs in
 //! maintenance) keeps every job off node-b; where none is served, node-b's GPUs are usable.
 
@@ -170,4 +171,39 @@ async fn kubernetes_1_36_with_the_beta_api_uses_v1beta2_taint_rules() {
     })
     .await;
     assert_eq!(nodes, ["node-a", "node-a"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_1_34_to_1_36_with_default_gates_places_the_first_available_example() {
+    let cluster = TestCluster::dedicated_with_runtime_config(
+        "resource.k8s.io/v1/devicetaintrules=false,resource.k8s.io/v1beta2/devicetaintrules=false,resource.k8s.io/v1alpha3/devicetaintrules=false",
+    );
+    let daemon = start_scheduler_with(&cluster, &[]);
+    ready(&daemon).await;
+    for file in ["fleet.yaml", "workload.yaml"] {
+        let text =
+            std::fs::read_to_string(common::repo().join("examples/first-available").join(file))
+                .unwrap();
+        kubectl_apply(&cluster, &text).unwrap();
+    }
+    let client = cluster.client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let bound = wait_bound(&pods, 2).await;
+    assert!(
+        bound.iter().all(|p| node_of(p) == Some("gpu-node-1")),
+        "{:?}",
+        bound.iter().map(node_of).collect::<Vec<_>>()
+    );
+    // One replica got the A5000, the other fell back to a T10.
+    let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+        Api::namespaced(client, "default");
+    let mut requests: Vec<String> = Vec::new();
+    for claim in claims.list(&Default::default()).await.unwrap().items {
+        let allocation = claim.status.and_then(|s| s.allocation).expect("allocated");
+        for r in allocation.devices.unwrap().results.unwrap() {
+            requests.push(r.request);
+        }
+    }
+    requests.sort();
+    assert_eq!(requests, ["gpu/a5000", "gpu/t10"]);
 }
