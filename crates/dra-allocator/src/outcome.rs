@@ -44,6 +44,14 @@ pub struct Allocation {
     pub(crate) picks: Vec<Picked>,
 }
 
+impl Allocation {
+    /// How many devices were picked, over all claims (a PodGroup's counting bound reads
+    /// it for an `allocationMode: All` probe).
+    pub fn device_count(&self) -> usize {
+        self.picks.len()
+    }
+}
+
 /// One device of an [`Allocation`].
 #[derive(Clone, Debug)]
 pub(crate) struct Picked {

@@ -37,6 +37,19 @@ enum Search {
     AllNodes,
 }
 
+/// Where one attempt may look, for a PodGroup's members (`crate::group`); the default
+/// is a plain pod's attempt over every node.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Scope<'s> {
+    /// Only these nodes (a topology domain, or the one node of a repair step).
+    pub nodes: Option<&'s BTreeSet<String>>,
+    /// Claims of other members on that node to allocate again with this pod's.
+    pub revise: &'s [ObjectKey],
+    /// The pod is a member of a PodGroup scheduled through `Engine::schedule_group`
+    /// (a plain attempt refuses `spec.schedulingGroup`).
+    pub group: bool,
+}
+
 /// What the framework made of an attempt, before it is turned into a decision.
 enum Verdict<'a> {
     /// The pod went no further than PreFilter, or a plugin failed.
@@ -72,9 +85,22 @@ impl Engine {
         budget: Duration,
         cancel: Option<&AtomicBool>,
     ) -> Decision {
+        self.schedule_scoped(pod_key, budget, cancel, Scope::default())
+    }
+
+    /// [`Engine::schedule_within`] over the nodes and with the claims of `scope`.
+    pub(crate) fn schedule_scoped(
+        &mut self,
+        pod_key: &ObjectKey,
+        budget: Duration,
+        cancel: Option<&AtomicBool>,
+        scope: Scope<'_>,
+    ) -> Decision {
         let whole = budget == self.config().filter_timeout;
         let pod = pod_key.clone();
-        let total = self.state().nodes.len();
+        let total = scope
+            .nodes
+            .map_or(self.state().nodes.len(), |nodes| nodes.len());
         let unschedulable = |message, rejected_by| Decision::Unschedulable {
             pod: pod.clone(),
             message,
@@ -84,66 +110,69 @@ impl Engine {
             pod: pod.clone(),
             message,
         };
-        let result = self.run(
-            pod_key,
-            budget,
-            cancel,
-            Search::Enough,
-            |verdict| match verdict {
-                Verdict::Stopped(status) => match status.code {
-                    Code::Error => error(status.message()),
-                    Code::Stopped { cancelled } => {
-                        stopped(pod_key, &status, cancelled, whole, budget, 0, total)
-                    }
-                    _ => unschedulable(
-                        format!("0/{total} nodes are available: {}.", status.message()),
-                        BTreeSet::from([status.plugin]),
-                    ),
-                },
-                Verdict::Filtered {
-                    outcomes,
-                    placement,
-                    ..
-                } => {
-                    if let Some(o) = outcomes.iter().find(|o| o.status.code == Code::Error) {
-                        return error(o.status.message());
-                    }
-                    if let Some(o) = outcomes
-                        .iter()
-                        .find(|o| matches!(o.status.code, Code::Stopped { .. }))
-                    {
-                        let Code::Stopped { cancelled } = o.status.code else {
-                            unreachable!()
-                        };
-                        let checked = outcomes
-                            .iter()
-                            .filter(|o| !matches!(o.status.code, Code::Stopped { .. }))
-                            .count();
-                        return stopped(
-                            pod_key, &o.status, cancelled, whole, budget, checked, total,
-                        );
-                    }
-                    match placement {
-                        Some(p) => Decision::Scheduled(p),
-                        None => unschedulable(
-                            fit_error(total, &outcomes),
-                            outcomes
-                                .iter()
-                                .filter(|o| o.status.is_rejection())
-                                .map(|o| o.status.plugin)
-                                .collect(),
+        let result =
+            self.run(
+                pod_key,
+                budget,
+                cancel,
+                Search::Enough,
+                scope,
+                |verdict| match verdict {
+                    Verdict::Stopped(status) => match status.code {
+                        Code::Error => error(status.message()),
+                        Code::Stopped { cancelled } => {
+                            stopped(pod_key, &status, cancelled, whole, budget, 0, total)
+                        }
+                        _ => unschedulable(
+                            format!("0/{total} nodes are available: {}.", status.message()),
+                            BTreeSet::from([status.plugin]),
                         ),
+                    },
+                    Verdict::Filtered {
+                        outcomes,
+                        placement,
+                        ..
+                    } => {
+                        if let Some(o) = outcomes.iter().find(|o| o.status.code == Code::Error) {
+                            return error(o.status.message());
+                        }
+                        if let Some(o) = outcomes
+                            .iter()
+                            .find(|o| matches!(o.status.code, Code::Stopped { .. }))
+                        {
+                            let Code::Stopped { cancelled } = o.status.code else {
+                                unreachable!()
+                            };
+                            let checked = outcomes
+                                .iter()
+                                .filter(|o| !matches!(o.status.code, Code::Stopped { .. }))
+                                .count();
+                            return stopped(
+                                pod_key, &o.status, cancelled, whole, budget, checked, total,
+                            );
+                        }
+                        match placement {
+                            Some(p) => Decision::Scheduled(p),
+                            None => unschedulable(
+                                fit_error(total, &outcomes),
+                                outcomes
+                                    .iter()
+                                    .filter(|o| o.status.is_rejection())
+                                    .map(|o| o.status.plugin)
+                                    .collect(),
+                            ),
+                        }
                     }
-                }
-            },
-        );
+                },
+            );
         result.unwrap_or_else(|message| Decision::Error { pod, message })
     }
 
     /// Every node's verdict and score for the pod (all nodes, nothing reserved or assumed).
     pub fn evaluate(&mut self, pod_key: &ObjectKey) -> Evaluation {
         let budget = self.config().filter_timeout;
-        let result = self.run(pod_key, budget, None, Search::AllNodes, |verdict| {
+        let scope = Scope::default();
+        let result = self.run(pod_key, budget, None, Search::AllNodes, scope, |verdict| {
             let mut evaluation = Evaluation::default();
             match verdict {
                 Verdict::Stopped(status) => evaluation.error = Some(status.message()),
@@ -192,6 +221,7 @@ impl Engine {
         budget: Duration,
         cancel: Option<&AtomicBool>,
         search: Search,
+        scope: Scope<'_>,
         decide: impl FnOnce(Verdict<'_>) -> T,
     ) -> Result<T, String> {
         let framework = self.framework()?;
@@ -210,6 +240,17 @@ impl Engine {
         let snapshot = self.snapshot();
         let shared = Shared::default();
         let state = self.state();
+        let revise = scope
+            .revise
+            .iter()
+            .map(|key| {
+                state
+                    .claims
+                    .get(key)
+                    .map(|c| (key.clone(), c))
+                    .ok_or_else(|| format!("ResourceClaim {key} not found"))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
         let cycle = Cycle {
             pod: &pod,
             key: pod_key,
@@ -224,15 +265,19 @@ impl Engine {
             cancel,
             served_by_devices: &served,
             shared: &shared,
+            revise,
         };
-        let nodes: Vec<&NodeInfo> = state.nodes.values().collect();
+        let nodes: Vec<&NodeInfo> = match scope.nodes {
+            Some(only) => only.iter().filter_map(|n| state.nodes.get(n)).collect(),
+            None => state.nodes.values().collect(),
+        };
         let wanted = match search {
             Search::Enough => self.feasible_nodes_to_find(nodes.len()),
             Search::AllNodes => nodes.len(),
         };
         let mut attempt = framework.start(&cycle);
         let verdict = (|| {
-            if let Some(status) = unsupported(&pod) {
+            if let Some(status) = unsupported(&pod).filter(|_| !scope.group) {
                 return Verdict::Stopped(status);
             }
             if let Err(status) = attempt.pre_filter() {
@@ -286,6 +331,8 @@ impl Engine {
         let decided = decide(verdict);
         drop(attempt);
         self.record_search_steps(shared.search_steps.load(Ordering::Relaxed));
+        let revised = std::mem::take(&mut *shared.revised.lock().expect("not poisoned"));
+        self.record_revised(revised);
         Ok(decided)
     }
 }
@@ -295,6 +342,8 @@ impl Engine {
 fn unsupported(pod: &k8s_openapi::api::core::v1::Pod) -> Option<Status> {
     let spec = pod.spec.as_ref()?;
     spec.scheduling_group.as_ref().map(|_| {
+        // The engine schedules PodGroups with `Engine::schedule_group`; the daemon does not
+        // use it yet (wiring it in is the next step), so a member alone is refused.
         Status::unresolvable(
             "spec.schedulingGroup: PodGroup (gang) scheduling is not supported by dra-scheduler yet",
         )

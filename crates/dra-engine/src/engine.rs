@@ -186,6 +186,9 @@ pub struct Engine {
     changes: Changes,
     /// For a fork: the engine's clock when it was made.
     forked_at: Option<u64>,
+    /// Claims of other PodGroup members whose devices the last cycle chose again
+    /// (`crate::group`'s repair step), with their new allocations.
+    revised: std::sync::Mutex<Vec<(ObjectKey, AllocationResult)>>,
 }
 
 impl Engine {
@@ -199,6 +202,7 @@ impl Engine {
             search_steps: AtomicU64::new(0),
             changes: Changes::default(),
             forked_at: None,
+            revised: Default::default(),
         }
     }
 
@@ -215,6 +219,7 @@ impl Engine {
             search_steps: AtomicU64::new(0),
             changes: Changes::default(),
             forked_at: Some(self.changes.now()),
+            revised: Default::default(),
         }
     }
 
@@ -270,6 +275,68 @@ impl Engine {
 
     pub(crate) fn record_search_steps(&self, steps: u64) {
         self.search_steps.store(steps, Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_revised(&self, revised: Vec<(ObjectKey, AllocationResult)>) {
+        *self.revised.lock().expect("not poisoned") = revised;
+    }
+
+    /// What the last cycle's joint allocation chose for other members' claims.
+    pub(crate) fn take_revised(&self) -> Vec<(ObjectKey, AllocationResult)> {
+        std::mem::take(&mut *self.revised.lock().expect("not poisoned"))
+    }
+
+    /// Give back the devices of an assumed placement's new allocations while the pod stays
+    /// assumed on its node (a PodGroup's repair step chooses them again). Returns the keys
+    /// of the claims whose devices were given back, in placement order.
+    pub(crate) fn release_devices(&mut self, placement: &Placement) -> Vec<ObjectKey> {
+        let mut released = Vec::new();
+        for decision in &placement.claims {
+            let Some(allocation) = &decision.allocation else {
+                continue;
+            };
+            let Some(status) = self
+                .state
+                .claims
+                .get_mut(&decision.key)
+                .and_then(|c| c.status.as_mut())
+            else {
+                continue;
+            };
+            if status
+                .allocation
+                .as_ref()
+                .is_some_and(|a| claims::same_devices(a, allocation))
+            {
+                status.allocation = None;
+                let allocation = allocation.clone();
+                self.release(&allocation);
+                released.push(decision.key.clone());
+            }
+        }
+        released
+    }
+
+    /// Undo [`Engine::release_devices`], or take the devices a repair chose instead.
+    pub(crate) fn retake_devices(&mut self, placement: &Placement) {
+        for decision in &placement.claims {
+            let Some(allocation) = &decision.allocation else {
+                continue;
+            };
+            let Some(claim) = self.state.claims.get_mut(&decision.key) else {
+                continue;
+            };
+            claim
+                .status
+                .get_or_insert_with(ResourceClaimStatus::default)
+                .allocation = Some(allocation.clone());
+            self.changes.allocation(allocation);
+            if let Some(snapshot) = self.snapshot.as_mut().and_then(Arc::get_mut) {
+                snapshot.add_allocation(allocation);
+            } else {
+                self.snapshot = None;
+            }
+        }
     }
 
     /// The profile's plugins, or why the profile cannot be used.

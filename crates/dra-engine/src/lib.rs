@@ -11,6 +11,9 @@
 //!   [`Decision`]; [`Engine::evaluate`] returns every node's verdict and score instead.
 //! - [`Engine::assume`] records a decision so the next pod sees it before any API write
 //!   lands; [`Engine::forget`] takes it back when a write fails.
+//! - [`Engine::schedule_group`] places a PodGroup's members in one decision ([`group`]:
+//!   gang `minCount`, joint allocation of the members' devices, topology domains), taken
+//!   with [`Engine::assume_group`] and given back with [`Engine::forget_group`].
 //!
 //! Nothing here does I/O: the same code serves the live daemon and the offline simulator.
 //!
@@ -35,6 +38,7 @@ mod cycle;
 pub mod engine;
 pub mod extended;
 pub mod framework;
+pub mod group;
 pub mod plugins;
 pub mod resources;
 pub mod state;
@@ -45,4 +49,5 @@ pub use engine::{
     VolumeDecision,
 };
 pub use framework::Profile;
+pub use group::{GroupDecision, GroupPlacement};
 pub use state::{ClusterInput, ClusterState, NodeInfo, ObjectKey};

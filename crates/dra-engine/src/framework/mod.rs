@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use dra_allocator::{Features, Limits, Quality, Snapshot};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
 
 use crate::engine::Placement;
 use crate::resources::ResourceList;
@@ -110,6 +111,11 @@ pub struct Cycle<'a> {
     pub served_by_devices: &'a [String],
     /// What plugins share within the attempt.
     pub shared: &'a Shared,
+    /// Claims of other members of the pod's PodGroup, already placed on the one node this
+    /// attempt looks at, whose devices were given back so that DynamicResources chooses
+    /// them again together with this pod's (joint allocation; see `crate::group`). Empty
+    /// outside a group's repair step.
+    pub revise: Vec<(ObjectKey, &'a ResourceClaim)>,
 }
 
 impl Cycle<'_> {
@@ -126,6 +132,8 @@ pub struct Shared {
     pub search_steps: AtomicU64,
     /// How good the devices DynamicResources found on each node are, for the device scores.
     quality: Mutex<HashMap<String, Quality>>,
+    /// The new allocations of [`Cycle::revise`]'s claims on the chosen node (Reserve).
+    pub revised: Mutex<Vec<(ObjectKey, AllocationResult)>>,
 }
 
 impl Shared {

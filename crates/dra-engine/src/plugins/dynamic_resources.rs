@@ -10,6 +10,11 @@
 //! - Score: the prioritized-list score (firstAvailable subrequests chosen), as upstream.
 //! - Reserve: the allocation results for the chosen node go into the placement; the
 //!   binder writes them (PreBind) before the binding.
+//!
+//! For a PodGroup's joint allocation the cycle may carry claims of other members already
+//! on the node ([`Cycle::revise`]): they are allocated again in one search with this pod's
+//! claims (theirs first), so an earlier member's devices change when that lets this pod
+//! fit; their new allocations go to [`crate::framework::Shared::revised`].
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -116,6 +121,10 @@ impl<'a> PluginCycle for DraCycle<'a> {
             return Status::skip();
         }
         for key in &self.keys {
+            if cx.revise.iter().any(|(k, _)| k == key) {
+                // Shared with a member whose devices are chosen again: allocated with them.
+                continue;
+            }
             let claim = &cx.state.claims[key];
             if let Err(reason) = claims::may_reserve(claim, cx.pod) {
                 return Status::unresolvable(format!("ResourceClaim {key} {reason}"));
@@ -127,7 +136,7 @@ impl<'a> PluginCycle for DraCycle<'a> {
             }
         }
         // Claims are checked and their selectors compiled once for all nodes.
-        let plain: Vec<&ResourceClaim> = self.to_allocate.iter().map(|(_, c)| *c).collect();
+        let plain = self.claims_to_allocate();
         if !plain.is_empty() {
             match Allocator::new(cx.snapshot, &plain) {
                 Ok(a) => self.plain = Some(a),
@@ -212,8 +221,30 @@ impl<'a> PluginCycle for DraCycle<'a> {
             Err(e) => return Status::error(e.to_string()),
         };
         placement.allocation_time = devices.took;
+        let revised: Vec<(ObjectKey, AllocationResult)> = self
+            .cycle
+            .revise
+            .iter()
+            .filter_map(|(key, _)| Some((key.clone(), allocations.next()?)))
+            .collect();
+        if revised.len() != self.cycle.revise.len() {
+            return Status::error("joint allocation returned fewer results than claims");
+        }
+        *self.cycle.shared.revised.lock().expect("not poisoned") = revised;
         for key in &self.keys {
             if placement.claims.iter().any(|c| &c.key == key) {
+                continue;
+            }
+            if self.cycle.revise.iter().any(|(k, _)| k == key) {
+                // A claim shared with a member whose devices were chosen again: its new
+                // allocation is that member's decision; this pod only joins reservedFor.
+                placement.claims.push(ClaimDecision {
+                    key: key.clone(),
+                    claim: self.cycle.state.claims[key].clone(),
+                    allocation: None,
+                    create: false,
+                    extended_mappings: Vec::new(),
+                });
                 continue;
             }
             let allocated = self.allocated.iter().any(|(k, _)| k == key);
@@ -250,7 +281,18 @@ fn results(
         .results(&node.node, found)
 }
 
-impl DraCycle<'_> {
+impl<'a> DraCycle<'a> {
+    /// The claims one allocator searches: other members' claims to choose again first,
+    /// then this pod's unallocated claims.
+    fn claims_to_allocate(&self) -> Vec<&'a ResourceClaim> {
+        self.cycle
+            .revise
+            .iter()
+            .map(|(_, c)| *c)
+            .chain(self.to_allocate.iter().map(|(_, c)| *c))
+            .collect()
+    }
+
     /// Extended resources the node has no device-plugin capacity for: DRA serves them.
     fn ext_here(&self, node: &NodeInfo) -> Vec<&ExtendedRequest> {
         self.ext
@@ -272,8 +314,7 @@ impl DraCycle<'_> {
         } else {
             // Some extended resources by device plugin, others by DRA: a rare mix.
             let (claim, _) = extended::claim_for(self.cycle.pod, &ext_here);
-            let mut claims: Vec<&ResourceClaim> =
-                self.to_allocate.iter().map(|(_, c)| *c).collect();
+            let mut claims = self.claims_to_allocate();
             claims.push(&claim);
             own = Allocator::new(self.cycle.snapshot, &claims)
                 .map_err(|e| Status::error(e.to_string()))?;

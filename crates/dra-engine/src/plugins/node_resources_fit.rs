@@ -724,6 +724,7 @@ pub(crate) mod scenario {
             cancel: None,
             served_by_devices: &[],
             shared: &shared,
+            revise: Vec::new(),
         };
         let mut run = plugin.cycle(&cycle);
         let pre = run.pre_filter();
