@@ -16,13 +16,17 @@
 ARG RUST_IMAGE=docker.io/library/rust:1.95-slim-bookworm
 ARG DEBIAN_IMAGE=docker.io/library/debian:bookworm-slim
 
-# Both binaries, built once for both images, at /out.
+# Both binaries, built once for both images, at /out: the release profile, which strips
+# debug info (Cargo.toml). The build context has no .git, so the commit that
+# dra_scheduler_build_info and dra_node_agent_build_info name is passed in:
+# --build-arg GIT_COMMIT=$(git rev-parse HEAD) (without it they say "unknown").
 FROM ${RUST_IMAGE} AS binaries
+ARG GIT_COMMIT=""
 WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked \
+    DRA_GIT_COMMIT="${GIT_COMMIT}" cargo build --release --locked \
       -p dra-scheduler --bin dra-scheduler -p dra-node-agent --bin dra-node-agent \
  && images/stage-binaries.sh target/release /out
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # What the images take from the Cargo build: both binaries without their debug info
 # (function names stay, for backtraces) and the node agent's fake-backend profiles. The
-# Dockerfile's `binaries` stage runs it after `cargo build --release`; images/build-local.sh
-# runs it on this machine's build.
+# release profile already leaves debug info out (Cargo.toml); stripping here keeps it out
+# of the images whatever profile BIN_DIR was built with (the tests hand in debug builds).
+# The Dockerfile's `binaries` stage runs it after `cargo build --release`;
+# images/build-local.sh runs it on this machine's build.
 #
 #   images/stage-binaries.sh BIN_DIR OUT
 #
