@@ -69,8 +69,8 @@ fn main() -> ExitCode {
 }
 
 fn run_simulate(args: SimulateArgs) -> ExitCode {
-    let input = match simulate::load(&args.paths) {
-        Ok(input) => input,
+    let (input, groups) = match simulate::load_all(&args.paths) {
+        Ok(loaded) => loaded,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(1);
@@ -100,7 +100,7 @@ fn run_simulate(args: SimulateArgs) -> ExitCode {
             }
         }
     }
-    let sim = simulate::simulate(&options, input);
+    let sim = simulate::simulate_groups(&options, input, groups);
     match args.output {
         Output::Table => print!("{}", simulate::report::table(&sim)),
         Output::Json => println!("{}", simulate::report::json(&sim)),

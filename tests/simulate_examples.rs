@@ -388,3 +388,122 @@ fn table_output_reads_in_a_terminal() {
     );
     assert!(text.contains("gpu.nvidia.com/gpu-node-1/gpu-0"), "{text}");
 }
+
+impl Report {
+    fn group(&self, name: &str) -> &Value {
+        let (ns, name) = name.split_once('/').unwrap();
+        self.0["groups"]
+            .as_array()
+            .expect("the report has groups")
+            .iter()
+            .find(|g| g["namespace"] == ns && g["name"] == name)
+            .unwrap_or_else(|| panic!("PodGroup {ns}/{name} is not in the report"))
+    }
+}
+
+#[test]
+fn gang_8x8_fills_eight_nodes_whole_and_the_second_gang_holds_nothing() {
+    let r = simulate(&["examples/gang-8x8"]);
+    let mut nodes = Vec::new();
+    for i in 0..8 {
+        let pod = format!("default/pretrain-{i}");
+        let node = r.node(&pod).expect("placed").to_string();
+        let devices = r.devices(&format!("{pod}-gpus"));
+        let want: Vec<String> = (0..8)
+            .map(|d| format!("gpu.nvidia.com/{node}/gpu-{d}"))
+            .collect();
+        assert_eq!(devices, want, "{pod} has all 8 GPUs of its node");
+        nodes.push(node);
+    }
+    nodes.sort();
+    nodes.dedup();
+    assert_eq!(nodes.len(), 8, "one worker per node");
+    let message = "PodGroup default/eval: minCount (2) cannot be satisfied: 2 pods need 16 devices of DeviceClass gpu.nvidia.com; 0 are free";
+    for pod in ["default/eval-0", "default/eval-1"] {
+        assert_eq!(r.node(pod), None);
+        assert_eq!(r.message(pod), message);
+        assert!(r.devices(&format!("{pod}-gpus")).is_empty());
+    }
+    let pretrain = r.group("default/pretrain");
+    assert_eq!(pretrain["placed"], true);
+    assert_eq!(
+        (pretrain["pods"].as_u64(), pretrain["placedPods"].as_u64()),
+        (Some(8), Some(8))
+    );
+    assert_eq!(pretrain["workload"], "llm/pretrain");
+    assert_eq!(pretrain["message"], Value::Null);
+    let eval = r.group("default/eval");
+    assert_eq!(eval["placed"], false);
+    assert_eq!(eval["placedPods"], 0);
+    assert_eq!(eval["message"], message);
+}
+
+#[test]
+fn gang_backtracking_gives_pod_1_the_t4_so_pod_2_gets_the_a100() {
+    let r = simulate(&["examples/gang-backtracking"]);
+    assert_eq!(r.node("default/pod-1"), Some("gpu-node-1"));
+    assert_eq!(r.node("default/pod-2"), Some("gpu-node-1"));
+    assert_eq!(
+        r.devices("default/pod-1-gpu"),
+        ["gpu.nvidia.com/gpu-node-1/gpu-1"]
+    );
+    assert_eq!(r.result_requests("default/pod-1-gpu"), ["gpu/t4"]);
+    assert_eq!(
+        r.devices("default/pod-2-gpu"),
+        ["gpu.nvidia.com/gpu-node-1/gpu-0"]
+    );
+    assert_eq!(r.reserved_for("default/pod-2-gpu"), ["pods/pod-2"]);
+    let pair = r.group("default/pair");
+    assert_eq!(
+        (pair["placed"].as_bool(), pair["placedPods"].as_u64()),
+        (Some(true), Some(2))
+    );
+}
+
+#[test]
+fn gang_rack_puts_the_small_gang_in_the_tighter_rack_so_the_big_one_fits() {
+    let r = simulate(&["examples/gang-rack"]);
+    assert_eq!(r.node("default/ring-0"), Some("b1"));
+    assert_eq!(r.node("default/ring-1"), Some("b2"));
+    for (i, node) in ["a1", "a2", "a3", "a4"].iter().enumerate() {
+        assert_eq!(r.node(&format!("default/big-{i}")), Some(*node));
+    }
+    assert_eq!(
+        r.group("default/ring")["domain"],
+        "topology.kubernetes.io/rack=rack-b"
+    );
+    assert_eq!(
+        r.group("default/big")["domain"],
+        "topology.kubernetes.io/rack=rack-a"
+    );
+    let wide = r.group("default/wide");
+    assert_eq!(wide["placed"], false);
+    assert_eq!(
+        wide["message"],
+        "PodGroup default/wide: minCount (3) cannot be satisfied in one domain of schedulingConstraints.topology (topology.kubernetes.io/rack) among 3 domains: topology.kubernetes.io/rack=rack-c: 3 pods need 24 devices of DeviceClass gpu.nvidia.com; 12 are free; topology.kubernetes.io/rack=rack-a: 3 pods need 24 devices of DeviceClass gpu.nvidia.com; 0 are free; topology.kubernetes.io/rack=rack-b: 3 pods need 24 devices of DeviceClass gpu.nvidia.com; 0 are free"
+    );
+    for i in 0..3 {
+        assert_eq!(r.node(&format!("default/wide-{i}")), None);
+    }
+}
+
+#[test]
+fn a_member_of_a_pod_group_that_does_not_exist_waits_and_says_so() {
+    let dir = std::env::temp_dir().join(format!("dra-sim-no-group-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fleet =
+        std::fs::read_to_string(root().join("examples/gang-backtracking/fleet.yaml")).unwrap();
+    std::fs::write(dir.join("fleet.yaml"), fleet).unwrap();
+    std::fs::write(
+        dir.join("pod.yaml"),
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: lonely}\nspec:\n  schedulerName: dra-scheduler\n  schedulingGroup: {podGroupName: missing}\n  containers: [{name: c, image: busybox}]\n",
+    )
+    .unwrap();
+    let r = simulate(&[dir.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(r.node("default/lonely"), None);
+    assert_eq!(
+        r.message("default/lonely"),
+        "waiting for PodGroup default/missing, which does not exist"
+    );
+}

@@ -149,8 +149,15 @@ fn check_pod_counts(objects: &[Loaded]) -> Result<(), ManifestError> {
 
 /// Expand the manifests into the cluster the engine schedules.
 pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
+    expand_all(manifests).map(|(input, _)| input)
+}
+
+/// [`expand`], also returning the Workloads and PodGroups (the engine schedules a PodGroup
+/// through its own call, so they are not part of the cluster input).
+pub fn expand_all(manifests: Manifests) -> Result<(ClusterInput, super::Groups), ManifestError> {
     check_pod_counts(&manifests.objects)?;
     let mut input = ClusterInput::default();
+    let mut groups = super::Groups::default();
     let mut templates: HashMap<(String, String), ResourceClaimTemplate> = HashMap::new();
     let mut priority_classes: Vec<PriorityClass> = Vec::new();
     let mut pvcs: Vec<PersistentVolumeClaim> = Vec::new();
@@ -357,6 +364,14 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
             }
             Object::CSINode(n) => input.csi_nodes.push(n),
             Object::CSIDriver(d) => input.csi_drivers.push(d),
+            Object::Workload(mut w) => {
+                namespaced(&mut w.metadata);
+                groups.workloads.push(w);
+            }
+            Object::PodGroup(mut g) => {
+                namespaced(&mut g.metadata);
+                groups.pod_groups.push(g);
+            }
         }
     }
 
@@ -489,7 +504,7 @@ pub fn expand(manifests: Manifests) -> Result<ClusterInput, ManifestError> {
         input.pods.push(pod);
     }
     pv_controller(&mut input, pvcs);
-    Ok(input)
+    Ok((input, groups))
 }
 
 /// What the PV controller (and the DefaultStorageClass admission) would have done with the

@@ -16,6 +16,7 @@ use k8s_openapi::api::resource::v1::{
     DeviceClass, DeviceTaintRule, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
 use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::api::scheduling::v1beta1::{PodGroup, Workload};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::DeserializeSeed;
@@ -71,6 +72,11 @@ pub enum Object {
     StorageClass(StorageClass),
     CSINode(CSINode),
     CSIDriver(CSIDriver),
+    /// `scheduling.k8s.io/v1beta1`: read and checked; its PodGroups are the objects that
+    /// are scheduled.
+    Workload(Workload),
+    /// Pods that name it in `spec.schedulingGroup` are scheduled together.
+    PodGroup(PodGroup),
 }
 
 impl Object {
@@ -96,6 +102,8 @@ impl Object {
             Object::StorageClass(_) => "StorageClass",
             Object::CSINode(_) => "CSINode",
             Object::CSIDriver(_) => "CSIDriver",
+            Object::Workload(_) => "Workload",
+            Object::PodGroup(_) => "PodGroup",
         }
     }
 
@@ -121,6 +129,8 @@ impl Object {
             Object::StorageClass(o) => &o.metadata,
             Object::CSINode(o) => &o.metadata,
             Object::CSIDriver(o) => &o.metadata,
+            Object::Workload(o) => &o.metadata,
+            Object::PodGroup(o) => &o.metadata,
         }
     }
 
@@ -540,6 +550,12 @@ fn parse_object(value: Value, source: &Source, into: &mut Manifests) -> Result<(
         "CSIDriver" => {
             expect("storage.k8s.io/v1").and_then(|_| strict(&value).map(Object::CSIDriver))
         }
+        "Workload" => {
+            expect("scheduling.k8s.io/v1beta1").and_then(|_| strict(&value).map(Object::Workload))
+        }
+        "PodGroup" => {
+            expect("scheduling.k8s.io/v1beta1").and_then(|_| strict(&value).map(Object::PodGroup))
+        }
         other if IGNORED_KINDS.contains(&other) => {
             into.ignored.push(Ignored {
                 source: source.clone(),
@@ -551,7 +567,8 @@ fn parse_object(value: Value, source: &Source, into: &mut Manifests) -> Result<(
             "kind {other} is not one simulate understands (Namespace, Node, Pod, Deployment, \
              ReplicaSet, StatefulSet, ReplicationController, Job, Service, PriorityClass, \
              ResourceClaim, ResourceClaimTemplate, DeviceClass, ResourceSlice, DeviceTaintRule, \
-             PersistentVolume, PersistentVolumeClaim, StorageClass, CSINode, CSIDriver)"
+             PersistentVolume, PersistentVolumeClaim, StorageClass, CSINode, CSIDriver, \
+             Workload, PodGroup)"
         ))),
     };
     let object = object.map_err(|mut e| {

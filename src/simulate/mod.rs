@@ -1,6 +1,9 @@
 //! `dra-scheduler simulate`: schedule the pending pods of a set of manifests through the
 //! same engine the daemon uses, with no cluster, and report where each pod would go and
-//! which devices each claim would get.
+//! which devices each claim would get. Pods that name a PodGroup in
+//! `spec.schedulingGroup` are scheduled with their group, in one decision
+//! ([`dra_engine::Engine::schedule_group`]), and the report says per group whether it was
+//! placed and why not.
 
 pub mod expand;
 pub mod limits;
@@ -12,7 +15,9 @@ mod yaml;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use dra_engine::{ClusterInput, Decision, Engine, EngineConfig, ObjectKey, Profile};
+use dra_engine::group::pod_group_name;
+use dra_engine::{ClusterInput, Decision, Engine, EngineConfig, GroupDecision, ObjectKey, Profile};
+use k8s_openapi::api::scheduling::v1beta1::{PodGroup, Workload};
 
 /// What to simulate and how to report it.
 #[derive(Clone, Debug)]
@@ -52,6 +57,31 @@ pub struct Simulation {
     pub pods: Vec<(ObjectKey, Option<Decision>)>,
     /// Claims, in input order (generated claims after the pod that made them).
     pub claim_order: Vec<ObjectKey>,
+    /// Every PodGroup with pending members, in the order they were scheduled.
+    pub groups: Vec<GroupOutcome>,
+}
+
+/// The scheduling objects of `scheduling.k8s.io/v1beta1` in the manifests.
+#[derive(Clone, Debug, Default)]
+pub struct Groups {
+    pub workloads: Vec<Workload>,
+    pub pod_groups: Vec<PodGroup>,
+}
+
+/// What became of one PodGroup.
+#[derive(Clone, Debug)]
+pub struct GroupOutcome {
+    pub group: ObjectKey,
+    /// `spec.workloadRef`: `workload/template`.
+    pub workload: Option<String>,
+    /// Members scheduled with the group (pending when it was tried).
+    pub members: Vec<ObjectKey>,
+    /// How many of them were placed.
+    pub placed: usize,
+    /// With `schedulingConstraints.topology`: the domain chosen.
+    pub domain: Option<String>,
+    /// Why the group (or some member) was not placed.
+    pub message: Option<String>,
 }
 
 impl Simulation {
@@ -64,6 +94,11 @@ impl Simulation {
 }
 
 pub fn load(paths: &[PathBuf]) -> Result<ClusterInput, SimulateError> {
+    load_all(paths).map(|(input, _)| input)
+}
+
+/// [`load`], also returning the Workloads and PodGroups for [`simulate_groups`].
+pub fn load_all(paths: &[PathBuf]) -> Result<(ClusterInput, Groups), SimulateError> {
     let manifests = manifests::load(paths)?;
     for ignored in &manifests.ignored {
         eprintln!(
@@ -71,11 +106,18 @@ pub fn load(paths: &[PathBuf]) -> Result<ClusterInput, SimulateError> {
             ignored.source, ignored.object
         );
     }
-    Ok(expand::expand(manifests)?)
+    Ok(expand::expand_all(manifests)?)
 }
 
 /// Schedule every pending pod that is ours, in queue order, assuming each decision.
+/// Pods that name a PodGroup wait for it (there is none here): see [`simulate_groups`].
 pub fn simulate(options: &Options, input: ClusterInput) -> Simulation {
+    simulate_groups(options, input, Groups::default())
+}
+
+/// [`simulate`] with PodGroups: when the queue reaches the first pending member of a group,
+/// all its pending members are scheduled together and the group's decision is assumed.
+pub fn simulate_groups(options: &Options, input: ClusterInput, groups: Groups) -> Simulation {
     let pod_order: Vec<ObjectKey> = input
         .pods
         .iter()
@@ -105,7 +147,28 @@ pub fn simulate(options: &Options, input: ClusterInput) -> Simulation {
     );
     let mut decisions: HashMap<ObjectKey, Decision> = HashMap::new();
     let mut claim_order = claim_order;
-    for key in queue {
+    let mut group_outcomes = Vec::new();
+    for key in &queue {
+        if decisions.contains_key(key) {
+            continue;
+        }
+        let group = engine
+            .state()
+            .pods
+            .get(key)
+            .and_then(pod_group_name)
+            .map(|name| ObjectKey::new(key.namespace.clone(), name));
+        if let Some(group) = group {
+            let outcome = schedule_group(&mut engine, &groups, &group, &queue, &mut decisions);
+            for p in outcome.1 {
+                for c in p.claims.iter().filter(|c| c.create) {
+                    claim_order.push(c.key.clone());
+                }
+            }
+            group_outcomes.push(outcome.0);
+            continue;
+        }
+        let key = key.clone();
         let decision = engine.schedule(&key);
         if let Decision::Scheduled(placement) = &decision {
             engine.assume(placement);
@@ -126,5 +189,110 @@ pub fn simulate(options: &Options, input: ClusterInput) -> Simulation {
         engine,
         pods,
         claim_order,
+        groups: group_outcomes,
+    }
+}
+
+/// Schedule the pending members of `group` (in queue order) in one decision, assume it,
+/// and record a decision for each member.
+fn schedule_group(
+    engine: &mut Engine,
+    groups: &Groups,
+    group: &ObjectKey,
+    queue: &[ObjectKey],
+    decisions: &mut HashMap<ObjectKey, Decision>,
+) -> (GroupOutcome, Vec<dra_engine::Placement>) {
+    let members: Vec<ObjectKey> = queue
+        .iter()
+        .filter(|k| !decisions.contains_key(*k))
+        .filter(|k| {
+            let pod = engine.state().pods.get(*k);
+            pod.is_some_and(|p| dra_engine::group::names_group(p, group))
+        })
+        .cloned()
+        .collect();
+    let found = groups
+        .pod_groups
+        .iter()
+        .find(|g| ObjectKey::of(&g.metadata) == *group);
+    let mut outcome = GroupOutcome {
+        group: group.clone(),
+        workload: found
+            .and_then(|g| g.spec.workload_ref.as_ref())
+            .map(|w| format!("{}/{}", w.workload_name, w.template_name)),
+        members: members.clone(),
+        placed: 0,
+        domain: None,
+        message: None,
+    };
+    let Some(pod_group) = found else {
+        let message = format!("waiting for PodGroup {group}, which does not exist");
+        for key in &members {
+            decisions.insert(
+                key.clone(),
+                Decision::Unschedulable {
+                    pod: key.clone(),
+                    message: message.clone(),
+                    rejected_by: Default::default(),
+                },
+            );
+        }
+        outcome.message = Some(message);
+        return (outcome, Vec::new());
+    };
+    match engine.schedule_group(pod_group, &members) {
+        GroupDecision::Scheduled(placed) => {
+            engine.assume_group(&placed);
+            outcome.placed = placed.placements.len();
+            outcome.domain = placed.domain.clone();
+            if !placed.pending.is_empty() {
+                outcome.message = Some(format!(
+                    "{} of {} members placed; the others did not fit",
+                    placed.placements.len(),
+                    members.len()
+                ));
+            }
+            for (key, message) in &placed.pending {
+                decisions.insert(
+                    key.clone(),
+                    Decision::Unschedulable {
+                        pod: key.clone(),
+                        message: format!("PodGroup {group} was placed without this pod: {message}"),
+                        rejected_by: Default::default(),
+                    },
+                );
+            }
+            for p in &placed.placements {
+                decisions.insert(p.pod.clone(), Decision::Scheduled(p.clone()));
+            }
+            (outcome, placed.placements)
+        }
+        GroupDecision::Unschedulable { message, .. } => {
+            for key in &members {
+                decisions.insert(
+                    key.clone(),
+                    Decision::Unschedulable {
+                        pod: key.clone(),
+                        message: message.clone(),
+                        rejected_by: Default::default(),
+                    },
+                );
+            }
+            outcome.message = Some(message);
+            (outcome, Vec::new())
+        }
+        GroupDecision::Error { message, .. } => {
+            for key in &members {
+                decisions.insert(
+                    key.clone(),
+                    Decision::Error {
+                        pod: key.clone(),
+                        message: message.clone(),
+                    },
+                );
+            }
+            outcome.message = Some(message);
+            (outcome, Vec::new())
+        }
     }
 }

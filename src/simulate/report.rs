@@ -1,5 +1,6 @@
 //! The two report formats of `simulate`: a table for a terminal and a JSON document for
-//! tools (its schema is fixed: `pods[]` and `claims[]`).
+//! tools (its schema is fixed: `pods[]` and `claims[]`; `groups[]`, one entry per PodGroup
+//! with pending members, is added only when there are any).
 
 use serde::Serialize;
 use serde_json::Value;
@@ -31,9 +32,30 @@ struct ClaimReport {
 }
 
 #[derive(Serialize)]
+struct GroupReport {
+    namespace: String,
+    name: String,
+    /// `spec.workloadRef` as `workload/template`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    workload: Option<String>,
+    /// Whether the group was placed (a gang: at least minCount members at once).
+    placed: bool,
+    /// Its pending members when it was tried, and how many of them were placed.
+    pods: usize,
+    #[serde(rename = "placedPods")]
+    placed_pods: usize,
+    /// With schedulingConstraints.topology: the domain chosen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    domain: Option<String>,
+    message: Option<String>,
+}
+
+#[derive(Serialize)]
 struct Report {
     pods: Vec<PodReport>,
     claims: Vec<ClaimReport>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    groups: Vec<GroupReport>,
 }
 
 fn report(sim: &Simulation) -> Report {
@@ -84,7 +106,25 @@ fn report(sim: &Simulation) -> Report {
             })
         })
         .collect();
-    Report { pods, claims }
+    let groups = sim
+        .groups
+        .iter()
+        .map(|g| GroupReport {
+            namespace: g.group.namespace.clone(),
+            name: g.group.name.clone(),
+            workload: g.workload.clone(),
+            placed: g.placed > 0,
+            pods: g.members.len(),
+            placed_pods: g.placed,
+            domain: g.domain.clone(),
+            message: g.message.clone(),
+        })
+        .collect();
+    Report {
+        pods,
+        claims,
+        groups,
+    }
 }
 
 pub fn json(sim: &Simulation) -> String {
@@ -163,6 +203,28 @@ pub fn table(sim: &Simulation) -> String {
             out.push_str(
                 format!("{name:claim_width$}  {devices:28}  {}\n", users.join(",")).trim_end(),
             );
+            out.push('\n');
+        }
+    }
+    if !r.groups.is_empty() {
+        let group_width = r
+            .groups
+            .iter()
+            .map(|g| g.namespace.len() + g.name.len() + 1)
+            .max()
+            .unwrap_or(8)
+            .max(8);
+        out.push_str(&format!("\n{:group_width$}  PLACED  WHY\n", "PODGROUP"));
+        for g in &r.groups {
+            let name = format!("{}/{}", g.namespace, g.name);
+            let placed = format!("{}/{}", g.placed_pods, g.pods);
+            let why = match (&g.domain, &g.message) {
+                (Some(d), Some(m)) => format!("in {d}; {m}"),
+                (Some(d), None) => format!("in {d}"),
+                (None, Some(m)) => m.clone(),
+                (None, None) => String::new(),
+            };
+            out.push_str(format!("{name:group_width$}  {placed:6}  {why}\n").trim_end());
             out.push('\n');
         }
     }

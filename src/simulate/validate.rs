@@ -83,6 +83,8 @@ pub fn validate(object: &Object) -> Check {
         Object::StorageClass(sc) => storage_class(sc),
         Object::CSINode(n) => metadata(&n.metadata, NameRule::Subdomain, false),
         Object::CSIDriver(d) => metadata(&d.metadata, NameRule::Subdomain, false),
+        Object::Workload(w) => metadata(&w.metadata, NameRule::Subdomain, true),
+        Object::PodGroup(g) => pod_group(g),
     }
 }
 
@@ -804,6 +806,36 @@ fn pod_spec(path: &str, spec: &PodSpec) -> Check {
         .filter(|n| !n.is_empty())
     {
         dns_subdomain(format!("{path}.priorityClassName"), name)?;
+    }
+    Ok(())
+}
+
+/// What the API server checks of a PodGroup that scheduling reads: one policy, a
+/// positive `minCount`, label keys for topology.
+fn pod_group(group: &k8s_openapi::api::scheduling::v1beta1::PodGroup) -> Check {
+    metadata(&group.metadata, NameRule::Subdomain, true)?;
+    let policy = &group.spec.scheduling_policy;
+    match (&policy.basic, &policy.gang) {
+        (Some(_), None) => {}
+        (None, Some(gang)) if gang.min_count >= 1 => {}
+        (None, Some(gang)) => {
+            return Err(format!(
+                "spec.schedulingPolicy.gang.minCount: must be at least 1, not {}",
+                gang.min_count
+            ));
+        }
+        _ => return Err("spec.schedulingPolicy: exactly one of basic and gang is required".into()),
+    }
+    let topology = group
+        .spec
+        .scheduling_constraints
+        .as_ref()
+        .and_then(|c| c.topology.as_ref());
+    for (i, t) in topology.into_iter().flatten().enumerate() {
+        qualified_name(
+            format!("spec.schedulingConstraints.topology[{i}].key"),
+            &t.key,
+        )?;
     }
     Ok(())
 }

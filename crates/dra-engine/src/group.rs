@@ -135,6 +135,9 @@ struct Demand {
     shapes: Vec<Shape>,
     /// Per member (in the members' order), devices per shape.
     per_member: Vec<Vec<u64>>,
+    /// Per member, the fewest devices it can do with (exact counts, and the smallest count
+    /// among `firstAvailable` subrequests): the order members are tried in.
+    least: Vec<u64>,
     /// Per shape, per node name, free devices.
     supply: Vec<Option<BTreeMap<String, u64>>>,
 }
@@ -196,7 +199,7 @@ impl Engine {
         };
         // Largest demand first (ties: as given): big members are the hard ones to fit late.
         let mut order: Vec<usize> = (0..members.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(demand.per_member[i].iter().sum::<u64>()));
+        order.sort_by_key(|&i| std::cmp::Reverse(demand.least[i]));
         let ordered: Vec<ObjectKey> = order.iter().map(|&i| members[i].clone()).collect();
         let ordered_demand: Vec<Vec<u64>> = order
             .iter()
@@ -364,12 +367,14 @@ impl Engine {
         let mut shapes: Vec<Shape> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::new();
         let mut per_member: Vec<Vec<(usize, u64)>> = Vec::new();
+        let mut least: Vec<u64> = Vec::new();
         let mut seen: BTreeSet<ObjectKey> = BTreeSet::new();
         for key in members {
             let pod = &self.state().pods[key];
             let keys = claims::of_pod(pod, self.state())
                 .map_err(|e| format!("waiting for member {key}: {}", e.message))?;
             let mut mine = Vec::new();
+            let mut fewest = 0;
             for claim_key in keys {
                 if !seen.insert(claim_key.clone()) {
                     continue;
@@ -385,8 +390,16 @@ impl Engine {
                     .and_then(|d| d.requests.as_ref());
                 for request in requests.into_iter().flatten() {
                     let Some(exact) = &request.exactly else {
+                        let counts = request.first_available.iter().flatten();
+                        fewest += counts
+                            .map(|s| s.count.unwrap_or(1).max(0) as u64)
+                            .min()
+                            .unwrap_or(0);
                         continue;
                     };
+                    if exact.allocation_mode.as_deref().unwrap_or("ExactCount") == "ExactCount" {
+                        fewest += exact.count.unwrap_or(1).max(0) as u64;
+                    }
                     let counted = exact.allocation_mode.as_deref().unwrap_or("ExactCount")
                         == "ExactCount"
                         && exact.admin_access != Some(true)
@@ -415,6 +428,7 @@ impl Engine {
                 }
             }
             per_member.push(mine);
+            least.push(fewest);
         }
         let per_member = per_member
             .into_iter()
@@ -450,6 +464,7 @@ impl Engine {
         Ok(Demand {
             shapes,
             per_member,
+            least,
             supply,
         })
     }
