@@ -184,6 +184,7 @@ fn lint_and_render() {
         json!({
             "schedulerName": "dra-scheduler",
             "logFormat": "text",
+            "v": 0,
             "metricsBindAddress": "0.0.0.0:10261",
             "percentageOfNodesToScore": 0,
             "maxConcurrentBinds": 16,
@@ -354,6 +355,8 @@ fn lint_and_render() {
             "--cdi-dir=/var/run/cdi",
             "--http-address=0.0.0.0:8080",
             "--rediscover-seconds=10",
+            "--log-format=text",
+            "--v=0",
             "--driver-root=/driver-root",
         ]
     );
@@ -481,6 +484,7 @@ fn values_change_what_is_rendered() {
     let docs = template(&[
         "schedulerName=gpu-scheduler",
         "config.logFormat=json",
+        "config.v=4",
         "config.maxConcurrentBinds=4",
         "config.clientQPS=20",
         "config.scoring.leastAllocated=1",
@@ -492,6 +496,7 @@ fn values_change_what_is_rendered() {
     let cfg = config(&docs);
     assert_eq!(cfg["schedulerName"], "gpu-scheduler");
     assert_eq!(cfg["logFormat"], "json");
+    assert_eq!(cfg["v"], 4);
     assert_eq!(cfg["maxConcurrentBinds"], 4);
     assert_eq!(cfg["clientQPS"], 20);
     assert_eq!(cfg["scoring"], serde_json::json!({"leastAllocated": 1}));

@@ -124,6 +124,7 @@ The scheduler's config file (config.yaml). Keys are exactly those `dra-scheduler
 {{- end -}}
 schedulerName: {{ .Values.schedulerName | quote }}
 logFormat: {{ .Values.config.logFormat }}
+v: {{ int .Values.config.v }}
 metricsBindAddress: {{ printf "0.0.0.0:%d" (int .Values.metrics.port) | quote }}
 percentageOfNodesToScore: {{ int .Values.config.percentageOfNodesToScore }}
 maxConcurrentBinds: {{ int .Values.config.maxConcurrentBinds }}
@@ -145,4 +146,14 @@ leaderElection:
   leaseDurationSeconds: {{ int .Values.leaderElection.leaseDurationSeconds }}
   renewDeadlineSeconds: {{ int .Values.leaderElection.renewDeadlineSeconds }}
   retryPeriodSeconds: {{ int .Values.leaderElection.retryPeriodSeconds }}
+{{- end }}
+
+{{/*
+The node agent's log format, checked as the scheduler's is.
+*/}}
+{{- define "dra-scheduler.nodeAgent.logFormat" -}}
+{{- if not (has .Values.nodeAgent.logFormat (list "text" "json")) }}
+{{- fail (printf "nodeAgent.logFormat must be text or json, not %q" .Values.nodeAgent.logFormat) }}
+{{- end -}}
+{{ .Values.nodeAgent.logFormat }}
 {{- end }}
