@@ -1,0 +1,164 @@
+//! One PodGroup decision (`Engine::schedule_group`), from the group to its placements:
+//! an 8-pod gang of 8 GPUs each on 500 nodes of 8 GPUs (placed), the same gang when only 7
+//! nodes have all 8 free (refused by the counting bound before any search), and the
+//! kubernetes/kubernetes#138765 pair that needs an earlier member's devices chosen again.
+//! `cargo bench -p dra-engine --bench group`.
+
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use dra_engine::{ClusterInput, Engine, EngineConfig, GroupDecision, ObjectKey};
+use k8s_openapi::api::scheduling::v1beta1::PodGroup;
+use serde_json::{Value, json};
+
+fn node(name: &str) -> k8s_openapi::api::core::v1::Node {
+    serde_json::from_value(json!({"metadata": {"name": name},
+        "status": {"allocatable": {"cpu": "96", "memory": "1Ti", "pods": "110"}}}))
+    .unwrap()
+}
+
+fn slice(node: &str, products: &[&str]) -> k8s_openapi::api::resource::v1::ResourceSlice {
+    let devices: Vec<Value> = products
+        .iter()
+        .enumerate()
+        .map(|(i, p)| json!({"name": format!("gpu-{i}"), "attributes": {"productName": {"string": p}}}))
+        .collect();
+    serde_json::from_value(
+        json!({"metadata": {"name": format!("{node}-gpus")}, "spec": {
+        "driver": "gpu.example.com", "nodeName": node,
+        "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}}),
+    )
+    .unwrap()
+}
+
+fn class() -> k8s_openapi::api::resource::v1::DeviceClass {
+    serde_json::from_value(json!({"metadata": {"name": "gpu"}, "spec": {"selectors": [
+        {"cel": {"expression": "device.driver == 'gpu.example.com'"}}]}}))
+    .unwrap()
+}
+
+fn claim(name: &str, requests: Value) -> k8s_openapi::api::resource::v1::ResourceClaim {
+    serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": requests}}}))
+    .unwrap()
+}
+
+fn member(name: &str, claim: &str) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default"}, "spec": {
+        "schedulerName": "dra-scheduler", "schedulingGroup": {"podGroupName": "g"},
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+        "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}, "claims": [{"name": "gpu"}]}}]}}))
+    .unwrap()
+}
+
+fn gang(min_count: i32) -> PodGroup {
+    serde_json::from_value(json!({"metadata": {"name": "g", "namespace": "default"},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}}}))
+    .unwrap()
+}
+
+/// `nodes` nodes of 8 GPUs (`busy` of their GPUs in use by placed pods' claims) and
+/// an 8-pod gang of 8 GPUs each.
+fn fleet(nodes: usize, busy: usize) -> (Engine, Vec<ObjectKey>) {
+    let mut input = ClusterInput {
+        classes: vec![class()],
+        ..Default::default()
+    };
+    for i in 0..nodes {
+        let name = format!("n{i:03}");
+        input.nodes.push(node(&name));
+        input.slices.push(slice(&name, &["H100"; 8]));
+    }
+    let eight = json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": 8}}]);
+    let mut members = Vec::new();
+    for i in 0..8 {
+        let name = format!("w{i}");
+        input.claims.push(claim(&name, eight.clone()));
+        input.pods.push(member(&name, &name));
+        members.push(ObjectKey::new("default", name));
+    }
+    let mut engine = Engine::new(EngineConfig::default(), input);
+    // Existing load: `busy` single-GPU pods, placed where the scheduler puts them.
+    let one = json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]);
+    for i in 0..busy {
+        let name = format!("busy{i}");
+        let mut pod = member(&name, &name);
+        pod.spec.as_mut().unwrap().scheduling_group = None;
+        pod.spec.as_mut().unwrap().node_name = None;
+        engine.upsert_claim(claim(&name, one.clone()));
+        engine.upsert_pod(pod);
+        let key = ObjectKey::new("default", name);
+        let decision = engine.schedule(&key);
+        let dra_engine::Decision::Scheduled(p) = decision else {
+            panic!("{decision:?}")
+        };
+        engine.assume(&p);
+    }
+    (engine, members)
+}
+
+fn group_decisions(c: &mut Criterion) {
+    let mut group = c.benchmark_group("podgroup");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(20));
+
+    let (mut engine, members) = fleet(500, 0);
+    group.bench_function("8 pods x 8 GPUs on 500 nodes of 8, placed", |b| {
+        b.iter(|| {
+            let decision = engine.schedule_group(&gang(8), &members);
+            assert!(matches!(decision, GroupDecision::Scheduled(ref p) if p.placements.len() == 8));
+        })
+    });
+
+    // 8 nodes with 2 GPUs in use: 62 GPUs free for a gang that needs 64.
+    let (mut engine, members) = fleet(8, 2);
+    group.bench_function(
+        "8 pods x 8 GPUs on 8 nodes with 62 GPUs free, refused by the bound",
+        |b| {
+            b.iter(|| {
+                let decision = engine.schedule_group(&gang(8), &members);
+                assert!(
+                    decision.message().unwrap().contains("need 64 devices"),
+                    "{decision:?}"
+                );
+            })
+        },
+    );
+
+    let mut input = ClusterInput {
+        nodes: vec![node("n1")],
+        classes: vec![class()],
+        slices: vec![slice("n1", &["A100", "T4"])],
+        ..Default::default()
+    };
+    let a100 = json!([{"cel": {"expression": "device.attributes['gpu.example.com'].productName == 'A100'"}}]);
+    let t4 = json!([{"cel": {"expression": "device.attributes['gpu.example.com'].productName == 'T4'"}}]);
+    input.claims.push(claim(
+        "c1",
+        json!([{"name": "gpu", "firstAvailable": [
+        {"name": "a100", "deviceClassName": "gpu", "selectors": a100},
+        {"name": "t4", "deviceClassName": "gpu", "selectors": t4}]}]),
+    ));
+    input.claims.push(claim(
+        "c2",
+        json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu", "selectors": a100}}]),
+    ));
+    input.pods.push(member("p1", "c1"));
+    input.pods.push(member("p2", "c2"));
+    let mut engine = Engine::new(EngineConfig::default(), input);
+    let pair = [
+        ObjectKey::new("default", "p1"),
+        ObjectKey::new("default", "p2"),
+    ];
+    group.bench_function("kubernetes#138765 pair, pod 1's GPU chosen again", |b| {
+        b.iter(|| {
+            let decision = engine.schedule_group(&gang(2), &pair);
+            assert_eq!(decision.placements().len(), 2);
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, group_decisions);
+criterion_main!(benches);
