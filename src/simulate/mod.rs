@@ -227,16 +227,7 @@ fn schedule_group(
     };
     let Some(pod_group) = found else {
         let message = format!("waiting for PodGroup {group}, which does not exist");
-        for key in &members {
-            decisions.insert(
-                key.clone(),
-                Decision::Unschedulable {
-                    pod: key.clone(),
-                    message: message.clone(),
-                    rejected_by: Default::default(),
-                },
-            );
-        }
+        unschedulable_all(decisions, &members, &message);
         outcome.message = Some(message);
         return (outcome, Vec::new());
     };
@@ -268,16 +259,7 @@ fn schedule_group(
             (outcome, placed.placements)
         }
         GroupDecision::Unschedulable { message, .. } => {
-            for key in &members {
-                decisions.insert(
-                    key.clone(),
-                    Decision::Unschedulable {
-                        pod: key.clone(),
-                        message: message.clone(),
-                        rejected_by: Default::default(),
-                    },
-                );
-            }
+            unschedulable_all(decisions, &members, &message);
             outcome.message = Some(message);
             (outcome, Vec::new())
         }
@@ -294,5 +276,23 @@ fn schedule_group(
             outcome.message = Some(message);
             (outcome, Vec::new())
         }
+    }
+}
+
+/// Every member of a group that was not placed gets the group's reason.
+fn unschedulable_all(
+    decisions: &mut HashMap<ObjectKey, Decision>,
+    members: &[ObjectKey],
+    message: &str,
+) {
+    for key in members {
+        decisions.insert(
+            key.clone(),
+            Decision::Unschedulable {
+                pod: key.clone(),
+                message: message.to_string(),
+                rejected_by: Default::default(),
+            },
+        );
     }
 }
