@@ -10,7 +10,8 @@ step() { printf '\n==> %s\n' "$*"; }
 step "checking tools"
 missing=()
 # buildah: images/build-local.sh, which tests/images.rs runs.
-for tool in cargo go openssl curl python3 setsid buildah; do
+# ip and nsenter: the test node's cluster lives in a network namespace of its own.
+for tool in cargo go openssl curl python3 setsid buildah ip nsenter; do
   command -v "$tool" >/dev/null || missing+=("$tool")
 done
 if [[ ${#missing[@]} -gt 0 ]]; then
@@ -19,7 +20,8 @@ if [[ ${#missing[@]} -gt 0 ]]; then
     for tool in "${missing[@]}"; do
       case "$tool" in
         go) pkgs+=(golang-go) ;;
-        setsid) pkgs+=(util-linux) ;;
+        setsid | nsenter) pkgs+=(util-linux) ;;
+        ip) pkgs+=(iproute2) ;;
         cargo) echo "cargo is missing: install Rust (rustup) first" >&2; exit 1 ;;
         *) pkgs+=("$tool") ;;
       esac
