@@ -158,14 +158,8 @@ impl Engine {
         cancel: Option<&AtomicBool>,
     ) -> GroupDecision {
         let key = ObjectKey::of(&group.metadata);
-        let unschedulable = |message: String| GroupDecision::Unschedulable {
-            group: key.clone(),
-            message: format!("PodGroup {key}: {message}"),
-        };
-        let error = |message: String| GroupDecision::Error {
-            group: key.clone(),
-            message: format!("PodGroup {key}: {message}"),
-        };
+        let unschedulable = |message: String| unschedulable(&key, message);
+        let error = |message: String| error(&key, message);
         let (policy, topology) = match policy_of(group) {
             Ok(p) => p,
             Err(message) => return unschedulable(message),
@@ -222,25 +216,47 @@ impl Engine {
         };
 
         if topology.is_empty() {
-            if gang && let Some(why) = demand.impossible(required, None) {
-                return unschedulable(format!(
+            self.place_anywhere(&key, &ordered, &demand, &context)
+        } else {
+            self.place_in_one_domain(&key, &ordered, &demand, &context, &topology)
+        }
+    }
+
+    /// A group without a topology constraint: the counting bound, then the search over
+    /// every node.
+    fn place_anywhere(
+        &mut self,
+        key: &ObjectKey,
+        ordered: &[ObjectKey],
+        demand: &Demand,
+        context: &Context<'_>,
+    ) -> GroupDecision {
+        if context.gang
+            && let Some(why) = demand.impossible(context.required, None)
+        {
+            return unschedulable(
+                key,
+                format!(
                     "minCount ({}) cannot be satisfied: {why}",
                     context.min_count
-                ));
-            }
-            return match self.place(&ordered, None, &context) {
-                Ok((placements, pending)) => GroupDecision::Scheduled(GroupPlacement {
-                    group: key.clone(),
-                    placements,
-                    pending,
-                    domain: None,
-                }),
-                Err(Failure::Unschedulable(message)) => unschedulable(message),
-                Err(Failure::Error(message)) => error(message),
-            };
+                ),
+            );
         }
+        match self.place(ordered, None, context) {
+            Ok((placements, pending)) => GroupDecision::Scheduled(GroupPlacement {
+                group: key.clone(),
+                placements,
+                pending,
+                domain: None,
+            }),
+            Err(Failure::Unschedulable(message)) => unschedulable(key, message),
+            Err(Failure::Error(message)) => error(key, message),
+        }
+    }
 
-        // One domain for all: the nodes that share the values of every key.
+    /// The topology domains: nodes grouped by their values of every key (nodes lacking a
+    /// key are in none).
+    fn topology_domains(&self, topology: &[String]) -> BTreeMap<String, BTreeSet<String>> {
         let mut domains: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for node in self.state().nodes.values() {
             let labels = node.node.metadata.labels.as_ref();
@@ -255,20 +271,35 @@ impl Engine {
                     .insert(node.name().to_string());
             }
         }
+        domains
+    }
+
+    /// A group with a topology constraint: all its members in one domain, the best fit
+    /// first (the fewest free devices of the kinds asked for that passes the counting
+    /// bound); the message names the domains that came closest.
+    fn place_in_one_domain(
+        &mut self,
+        key: &ObjectKey,
+        ordered: &[ObjectKey],
+        demand: &Demand,
+        context: &Context<'_>,
+        topology: &[String],
+    ) -> GroupDecision {
+        let domains = self.topology_domains(topology);
         let keys = topology.join(", ");
         if domains.is_empty() {
-            return unschedulable(format!(
-                "schedulingConstraints.topology: no node has the label {keys}"
-            ));
+            return unschedulable(
+                key,
+                format!("schedulingConstraints.topology: no node has the label {keys}"),
+            );
         }
-        // Best fit first: the domain with the fewest free devices of the kinds asked for
-        // that passes the counting bound; the first where the group fits is the best.
         let mut candidates: Vec<(u64, String)> = Vec::new();
         let mut refused: Vec<(u64, String, String)> = Vec::new();
         for (name, nodes) in &domains {
             let free = demand.free(Some(nodes));
-            match gang
-                .then(|| demand.impossible(required, Some(nodes)))
+            match context
+                .gang
+                .then(|| demand.impossible(context.required, Some(nodes)))
                 .flatten()
             {
                 Some(why) => refused.push((free, name.clone(), why)),
@@ -280,7 +311,7 @@ impl Engine {
         refused.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
         let mut tried: Vec<(String, String)> = Vec::new();
         for (_, name) in &candidates {
-            match self.place(&ordered, Some(&domains[name]), &context) {
+            match self.place(ordered, Some(&domains[name]), context) {
                 Ok((placements, pending)) => {
                     return GroupDecision::Scheduled(GroupPlacement {
                         group: key.clone(),
@@ -289,10 +320,10 @@ impl Engine {
                         domain: Some(name.clone()),
                     });
                 }
-                Err(Failure::Error(message)) => return error(message),
+                Err(Failure::Error(message)) => return error(key, message),
                 Err(Failure::Unschedulable(message)) => tried.push((name.clone(), message)),
             }
-            if Instant::now() >= deadline {
+            if Instant::now() >= context.deadline {
                 break;
             }
         }
@@ -306,12 +337,15 @@ impl Engine {
             why.truncate(3);
             why.push(format!("and {more} more domains"));
         }
-        unschedulable(format!(
-            "minCount ({}) cannot be satisfied in one domain of schedulingConstraints.topology ({keys}) among {} domains: {}",
-            context.min_count.max(required),
-            domains.len(),
-            why.join("; ")
-        ))
+        unschedulable(
+            key,
+            format!(
+                "minCount ({}) cannot be satisfied in one domain of schedulingConstraints.topology ({keys}) among {} domains: {}",
+                context.min_count.max(context.required),
+                domains.len(),
+                why.join("; ")
+            ),
+        )
     }
 
     /// Take a scheduled group: every member's placement, as [`Engine::assume`] does for one.
@@ -778,5 +812,21 @@ fn probe_claim(request: &ExactDeviceRequest) -> ResourceClaim {
             }),
         }),
         ..Default::default()
+    }
+}
+
+/// The group stays unplaced, with `message` prefixed by the group's name.
+fn unschedulable(group: &ObjectKey, message: String) -> GroupDecision {
+    GroupDecision::Unschedulable {
+        group: group.clone(),
+        message: format!("PodGroup {group}: {message}"),
+    }
+}
+
+/// The group could not be decided, with `message` prefixed by the group's name.
+fn error(group: &ObjectKey, message: String) -> GroupDecision {
+    GroupDecision::Error {
+        group: group.clone(),
+        message: format!("PodGroup {group}: {message}"),
     }
 }
