@@ -382,8 +382,12 @@ impl<'a> NodeRun<'a> {
                 let e = &snap.devices[entry as usize];
                 let usage = snap.entry_usage(entry);
                 let multi = features.consumable_capacity && e.view.multi;
-                // Only shared devices track capacity across allocations.
-                let used_capacity = if !multi {
+                // Shared devices track capacity across allocations; so does a device that is
+                // not shared but whose id shared allocations use (a device of that name in
+                // another slice of the pool, or one that allowed sharing before): upstream
+                // checks every device's full capacity against what shares consumed.
+                let consumed_by_shares = usage.is_some_and(|u| !u.consumed.is_empty());
+                let used_capacity = if !multi && !consumed_by_shares {
                     Vec::new()
                 } else {
                     e.capacity
@@ -699,9 +703,13 @@ impl<'a> NodeRun<'a> {
                 let computed = match (&r.capacity, &entry.unrequested) {
                     // Same for every request without capacity stanza: computed once per device.
                     // Only shared devices keep the amount, so others need no copy.
-                    (None, Ok(n)) => Ok(n
-                        .as_ref()
-                        .map(|v| if d.multi { v.clone() } else { Vec::new() })),
+                    (None, Ok(n)) => Ok(n.as_ref().map(|v| {
+                        if d.multi || !d.used_capacity.is_empty() {
+                            v.clone()
+                        } else {
+                            Vec::new()
+                        }
+                    })),
                     _ => consumption(
                         r.capacity.as_deref(),
                         &entry.capacity,
@@ -732,9 +740,9 @@ impl<'a> NodeRun<'a> {
                     }
                 }
             }
-            // Only shared devices need the amount later; for the others the static check
-            // above is the whole check.
-            if let Some(n) = need.filter(|_| d.multi) {
+            // Only devices with capacity used by shares need the amount later; for the
+            // others the static check above is the whole check.
+            if let Some(n) = need.filter(|_| d.multi || !d.used_capacity.is_empty()) {
                 rr.need.insert(di, n);
             }
             if r.all {

@@ -833,9 +833,21 @@ pub fn check(case: &Case, results: &[AllocationResult]) -> Result<(), String> {
                             .or_default() += got;
                     }
                 } else {
-                    if !alt.admin && shared.contains_key(&id) {
-                        // A non-shared use of a device that is shared elsewhere.
-                        return Err(format!("device {} shared elsewhere", d.name));
+                    if let Some(consumed) = shared.get(&id).filter(|_| !alt.admin) {
+                        // A device not shared here whose id shares use (another slice's
+                        // device of that name): as upstream, its whole capacity (or what
+                        // the request asks) must fit beside what the shares consumed.
+                        for c in d.capacity.iter().flatten() {
+                            let full = q(&c.1.value);
+                            let want = alt.capacity.get(c.0).copied().unwrap_or(full);
+                            let used = consumed.get(c.0).copied().unwrap_or(0);
+                            if used + want > full {
+                                return Err(format!(
+                                    "device {}: capacity {} used by shares elsewhere",
+                                    d.name, c.0
+                                ));
+                            }
+                        }
                     }
                     uses.entry(id.clone()).or_default().push((ci, alt.admin));
                 }
