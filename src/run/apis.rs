@@ -27,6 +27,25 @@ pub const TAINT_RULE_VERSIONS: [&str; 3] = ["v1", "v1beta2", "v1alpha3"];
 /// The `resource.k8s.io/v1` resources the scheduler cannot work without.
 const REQUIRED: [&str; 3] = ["resourceclaims", "resourceslices", "deviceclasses"];
 
+/// Why discovery gave no answer to run with.
+#[derive(Debug)]
+pub enum DiscoveryError {
+    /// The server answered without what the scheduler needs: no use retrying.
+    Unsupported(String),
+    /// The server could not be asked (yet): retry.
+    Unavailable(String),
+}
+
+impl std::fmt::Display for DiscoveryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DiscoveryError::Unsupported(m) | DiscoveryError::Unavailable(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for DiscoveryError {}
+
 /// What the API server serves of `resource.k8s.io`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServedApis {
@@ -43,17 +62,20 @@ impl ServedApis {
     }
 
     /// Asks the API server. An error names what is missing (or why discovery failed).
-    pub async fn discover(client: &Client) -> anyhow::Result<ServedApis> {
+    pub async fn discover(client: &Client) -> Result<ServedApis, DiscoveryError> {
         let mut served = Vec::new();
         for version in TAINT_RULE_VERSIONS {
-            served.push((version, resources(client, version).await?));
+            let found = resources(client, version)
+                .await
+                .map_err(DiscoveryError::Unavailable)?;
+            served.push((version, found));
         }
-        Self::from_discovery(&served)
+        Self::from_discovery(&served).map_err(DiscoveryError::Unsupported)
     }
 
     /// The decision, from the resources each version of the group serves (`None`: the
     /// version is not served at all).
-    pub fn from_discovery(served: &[(&'static str, Option<Vec<String>>)]) -> anyhow::Result<Self> {
+    pub fn from_discovery(served: &[(&'static str, Option<Vec<String>>)]) -> Result<Self, String> {
         let v1 = served
             .iter()
             .find(|(v, _)| *v == "v1")
@@ -64,10 +86,10 @@ impl ServedApis {
             .filter(|r| !v1.is_some_and(|have| have.iter().any(|h| h == r)))
             .collect();
         if !missing.is_empty() {
-            anyhow::bail!(
+            return Err(format!(
                 "the API server does not serve {GROUP}/v1 {} (Kubernetes 1.34 or later serves them); dra-scheduler cannot run without them",
                 missing.join(", ")
-            );
+            ));
         }
         let taint_rules = served.iter().find_map(|(version, resources)| {
             resources
@@ -91,14 +113,14 @@ impl ServedApis {
 }
 
 /// The resources one version of the group serves; `None` when the version is not served.
-async fn resources(client: &Client, version: &str) -> anyhow::Result<Option<Vec<String>>> {
+async fn resources(client: &Client, version: &str) -> Result<Option<Vec<String>>, String> {
     match client
         .list_api_group_resources(&format!("{GROUP}/{version}"))
         .await
     {
         Ok(list) => Ok(Some(list.resources.into_iter().map(|r| r.name).collect())),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
-        Err(e) => Err(anyhow::anyhow!("discovering {GROUP}/{version}: {e}")),
+        Err(e) => Err(format!("discovering {GROUP}/{version}: {e}")),
     }
 }
 

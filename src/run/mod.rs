@@ -176,7 +176,7 @@ async fn discover_apis(client: &Client) -> anyhow::Result<apis::ServedApis> {
     loop {
         match apis::ServedApis::discover(client).await {
             Ok(served) => return Ok(served),
-            Err(e) if e.to_string().contains("does not serve") => return Err(e),
+            Err(apis::DiscoveryError::Unsupported(message)) => anyhow::bail!(message),
             Err(e) => tracing::warn!(error = %e, retry_in = ?backoff, "API discovery failed"),
         }
         tokio::select! {
