@@ -1164,14 +1164,28 @@ fn end_to_end(full: bool) {
         .and_then(|r| r.split(' ').next())
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("port-forward said: {first_line}"));
-    let mut conn = cluster.connect(port).unwrap();
-    write!(conn, "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+    // A forwarded connection may be closed while kubelet's stream to the pod is still
+    // being set up: ask again, for a while.
+    let scrape = || -> String {
+        let mut body = String::new();
+        if let Ok(mut conn) = cluster.connect(port) {
+            let _ = write!(conn, "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n");
+            let _ = conn.read_to_string(&mut body);
+        }
+        body
+    };
     let mut body = String::new();
-    conn.read_to_string(&mut body).unwrap();
+    for _ in 0..30 {
+        body = scrape();
+        if body.contains("dra_scheduler_claim_allocation_duration_seconds_count") {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
     let line = body
         .lines()
         .find(|l| l.starts_with("dra_scheduler_claim_allocation_duration_seconds_count"))
-        .unwrap_or_else(|| panic!("no allocation count in /metrics:\n{body}"))
+        .unwrap_or_else(|| panic!("no allocation count in /metrics after 30 tries:\n{body}"))
         .to_string();
     let count: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
     println!("/metrics of {new_leader} (kubectl port-forward): {line}");
