@@ -84,6 +84,19 @@ pub fn same_devices(a: &AllocationResult, b: &AllocationResult) -> bool {
     a.devices == b.devices && a.node_selector == b.node_selector
 }
 
+/// Clears the claim's allocation if it is still `ours` (the same devices); false when the
+/// claim holds someone else's allocation by now, which stays.
+pub fn take_if_ours(status: &mut ResourceClaimStatus, ours: &AllocationResult) -> bool {
+    let same = status
+        .allocation
+        .as_ref()
+        .is_some_and(|a| same_devices(a, ours));
+    if same {
+        status.allocation = None;
+    }
+    same
+}
+
 /// Whether the pod may be added to the claim's `reservedFor`: it is there already, or
 /// there is room.
 pub fn may_reserve(claim: &ResourceClaim, pod: &Pod) -> Result<(), String> {

@@ -303,14 +303,8 @@ impl Engine {
             else {
                 continue;
             };
-            if status
-                .allocation
-                .as_ref()
-                .is_some_and(|a| claims::same_devices(a, allocation))
-            {
-                status.allocation = None;
-                let allocation = allocation.clone();
-                self.release(&allocation);
+            if claims::take_if_ours(status, allocation) {
+                self.release(allocation);
                 released.push(decision.key.clone());
             }
         }
@@ -507,14 +501,9 @@ impl Engine {
             // Give back only what is still ours: the claim may hold someone else's
             // allocation by now, which stays.
             if let Some(allocation) = &decision.allocation
-                && status
-                    .allocation
-                    .as_ref()
-                    .is_some_and(|a| claims::same_devices(a, allocation))
+                && claims::take_if_ours(status, allocation)
             {
-                status.allocation = None;
-                let allocation = allocation.clone();
-                self.release(&allocation);
+                self.release(allocation);
             }
         }
         for decision in &placement.volumes {
