@@ -293,6 +293,8 @@ fn lint_and_render() {
             &["storageclasses", "csinodes", "csidrivers"],
             &["list", "watch"],
         ),
+        grant("scheduling.k8s.io", &["podgroups"], &["list", "watch"]),
+        grant("scheduling.k8s.io", &["podgroups/status"], &["patch"]),
         grant("", &["pods/binding"], &["create"]),
         grant("", &["pods/status"], &["patch"]),
         grant("", &["pods/finalizers"], &["update"]),

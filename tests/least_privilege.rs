@@ -31,6 +31,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::scheduling::v1beta1::PodGroup;
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
@@ -167,6 +168,9 @@ enum Need {
     Events(Scenario),
     /// The Lease: without it the scheduler never leads, or stops leading.
     Lease,
+    /// The PodGroup's `PodGroupInitiallyScheduled` condition: the refusal is logged, the
+    /// group's pod is placed, its PodGroup says nothing.
+    GroupCondition,
 }
 
 /// Each grant the roles may have, and what it is needed for. A grant of the chart missing
@@ -199,6 +203,7 @@ fn need(g: &Grant) -> Option<Need> {
         ("resource.k8s.io", "resourceclaims/status", "patch") => Some(Placing(Claim)),
         ("resource.k8s.io", "resourceclaims/binding", "patch") => Some(Placing(Claim)),
         ("coordination.k8s.io", "leases", "get" | "update" | "create") => Some(Lease),
+        ("scheduling.k8s.io", "podgroups/status", "patch") => Some(GroupCondition),
         (
             "",
             "pods"
@@ -212,6 +217,7 @@ fn need(g: &Grant) -> Option<Need> {
         )
         | ("apps", "replicasets" | "statefulsets", verb)
         | ("storage.k8s.io", "storageclasses" | "csinodes" | "csidrivers", verb)
+        | ("scheduling.k8s.io", "podgroups", verb)
         | (
             "resource.k8s.io",
             "resourceclaims" | "resourceslices" | "deviceclasses" | "devicetaintrules",
@@ -255,10 +261,13 @@ enum Scenario {
     VolumeToProvision,
     /// A pod no node fits, told twice with different messages (a node appears meanwhile).
     Unschedulable,
+    /// A pod of a PodGroup (gang of one): its PodGroup gets the scheduled condition.
+    Gang,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 6] = [
+    const ALL: [Scenario; 7] = [
+        Scenario::Gang,
         Scenario::Claim,
         Scenario::ExtendedResource,
         Scenario::SharedClaim,
@@ -276,6 +285,7 @@ impl Scenario {
             Scenario::VolumeToBind => "with-local-volume",
             Scenario::VolumeToProvision => "with-provisioned-volume",
             Scenario::Unschedulable => "fits-nowhere",
+            Scenario::Gang => "in-a-gang",
         }
     }
 
@@ -395,6 +405,16 @@ impl Scenario {
                 ))
                 .await;
             }
+            Scenario::Gang => {
+                t.create::<PodGroup>(json!({"metadata": {"name": "lp-gang"},
+                    "spec": {"schedulingPolicy": {"gang": {"minCount": 1}}}}))
+                .await;
+                t.create::<Pod>(pod(
+                    self.pod(),
+                    json!({"schedulingGroup": {"podGroupName": "lp-gang"}}),
+                ))
+                .await;
+            }
             Scenario::Unschedulable => {
                 t.create::<Pod>(pod(
                     self.pod(),
@@ -459,6 +479,17 @@ impl Scenario {
                         .get("volume.kubernetes.io/selected-node")?
                         .clone();
                     (node == NODE).then_some(())
+                })
+                .await;
+            }
+            Scenario::Gang => {
+                t.bound(self.pod()).await;
+                let groups: Api<PodGroup> = t.ns.api();
+                eventually("the PodGroup's scheduled condition", 60, || async {
+                    let group = groups.get("lp-gang").await.ok()?;
+                    group.status?.conditions?.into_iter().find(|c| {
+                        c.type_ == "PodGroupInitiallyScheduled" && c.status == "True"
+                    })
                 })
                 .await;
             }
@@ -920,6 +951,17 @@ async fn without_grant(fixture: &Fixture<'_>, roles: &ChartRoles, n: usize, g: G
                     format!("{}: its second failure not told", s.pod())
                 }
             }
+        }
+        Need::GroupCondition => {
+            let s = Scenario::Gang;
+            s.create(&t).await;
+            t.daemon.logs(&refused).await;
+            t.bound(s.pod()).await;
+            let groups: Api<PodGroup> = t.ns.api();
+            let group = groups.get("lp-gang").await.unwrap();
+            let conditions = group.status.and_then(|s| s.conditions).unwrap_or_default();
+            assert!(conditions.is_empty(), "{g}: {conditions:?}");
+            format!("{} placed; its PodGroup has no condition", s.pod())
         }
         Need::Lease => {
             t.daemon.logs(&refused).await;

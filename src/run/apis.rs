@@ -51,6 +51,9 @@ impl std::error::Error for DiscoveryError {}
 pub struct ServedApis {
     /// The version DeviceTaintRules are read in; `None` when no version serves them.
     pub taint_rules: Option<&'static str>,
+    /// Whether `scheduling.k8s.io/v1beta1` serves PodGroups (Kubernetes 1.37 with the
+    /// workload-aware scheduling gates on): only then are they watched.
+    pub pod_groups: bool,
 }
 
 impl ServedApis {
@@ -58,6 +61,7 @@ impl ServedApis {
     pub fn current() -> ServedApis {
         ServedApis {
             taint_rules: Some("v1"),
+            pod_groups: false,
         }
     }
 
@@ -70,7 +74,12 @@ impl ServedApis {
                 .map_err(DiscoveryError::Unavailable)?;
             served.push((version, found));
         }
-        Self::from_discovery(&served).map_err(DiscoveryError::Unsupported)
+        let mut apis = Self::from_discovery(&served).map_err(DiscoveryError::Unsupported)?;
+        apis.pod_groups = group_resources(client, POD_GROUPS_API)
+            .await
+            .map_err(DiscoveryError::Unavailable)?
+            .is_some_and(|r| r.iter().any(|r| r == "podgroups"));
+        Ok(apis)
     }
 
     /// The decision, from the resources each version of the group serves (`None`: the
@@ -97,11 +106,25 @@ impl ServedApis {
                 .is_some_and(|r| r.iter().any(|r| r == "devicetaintrules"))
                 .then_some(*version)
         });
-        Ok(ServedApis { taint_rules })
+        Ok(ServedApis {
+            taint_rules,
+            pod_groups: false,
+        })
     }
 
     /// One line for the log: what was found and what follows from it.
     pub fn describe(&self) -> String {
+        let groups = if self.pod_groups {
+            format!("; PodGroups read from {POD_GROUPS_API}")
+        } else {
+            format!(
+                "; {POD_GROUPS_API} PodGroups are not served: pods naming a PodGroup cannot exist"
+            )
+        };
+        self.describe_taint_rules() + &groups
+    }
+
+    fn describe_taint_rules(&self) -> String {
         match self.taint_rules {
             Some(version) => format!("DeviceTaintRules read from {GROUP}/{version}"),
             None => format!(
@@ -112,15 +135,23 @@ impl ServedApis {
     }
 }
 
+/// The group and version PodGroups are served in.
+const POD_GROUPS_API: &str = "scheduling.k8s.io/v1beta1";
+
 /// The resources one version of the group serves; `None` when the version is not served.
 async fn resources(client: &Client, version: &str) -> Result<Option<Vec<String>>, String> {
-    match client
-        .list_api_group_resources(&format!("{GROUP}/{version}"))
-        .await
-    {
+    group_resources(client, &format!("{GROUP}/{version}")).await
+}
+
+/// The resources `group/version` serves; `None` when it is not served.
+async fn group_resources(
+    client: &Client,
+    group_version: &str,
+) -> Result<Option<Vec<String>>, String> {
+    match client.list_api_group_resources(group_version).await {
         Ok(list) => Ok(Some(list.resources.into_iter().map(|r| r.name).collect())),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
-        Err(e) => Err(format!("discovering {GROUP}/{version}: {e}")),
+        Err(e) => Err(format!("discovering {group_version}: {e}")),
     }
 }
 

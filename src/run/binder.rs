@@ -385,6 +385,17 @@ pub struct BindFailure {
     pub unwound: bool,
 }
 
+/// What a placement's writes before the binding (PreBind) did, to finish or undo them.
+#[derive(Default)]
+struct Written<'a> {
+    /// Claim writes that may have landed.
+    claims: Vec<&'a ClaimDecision>,
+    /// Volume writes that may have landed.
+    volumes: Vec<&'a VolumeDecision>,
+    /// The claims as the API server stored them.
+    stored: Vec<ResourceClaim>,
+}
+
 /// Make `placement` real. Returns the claims as the API server stored them. On failure the
 /// pod is read first: a binding that landed although its answer was lost is a success;
 /// otherwise everything this call may have written is undone before it returns.
@@ -394,40 +405,99 @@ pub async fn bind(
     placement: &Placement,
 ) -> Result<Vec<ResourceClaim>, BindFailure> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &placement.pod.namespace);
-    let mut attempted: Vec<&ClaimDecision> = Vec::new();
-    let mut volumes_attempted: Vec<&VolumeDecision> = Vec::new();
-    let mut stored = Vec::new();
-    let mut result = Ok(());
-    for decision in &placement.volumes {
-        volumes_attempted.push(decision);
-        if let Err(e) = write_volume(client, metrics, decision).await {
-            result = Err(e);
+    let mut written = Written::default();
+    let mut result = prebind(client, metrics, &pods, placement, &mut written).await;
+    if result.is_ok() {
+        result = create_binding(&pods, metrics, placement).await;
+    }
+    finish(client, metrics, &pods, placement, written, result).await
+}
+
+/// Make a PodGroup's placements real, all or nothing as far as the API allows: every
+/// member's PreBind writes first (volumes, claims), in order; when one fails, every
+/// member's writes are undone and no pod is bound. Then each pod is bound. A binding that
+/// fails then is undone for that member alone (a bound pod cannot be unbound). One result
+/// per placement, in order.
+pub async fn bind_group(
+    client: &Client,
+    metrics: &Metrics,
+    placements: &[Placement],
+) -> Vec<Result<Vec<ResourceClaim>, BindFailure>> {
+    let api = |p: &Placement| -> Api<Pod> { Api::namespaced(client.clone(), &p.pod.namespace) };
+    let mut written: Vec<Written<'_>> = Vec::new();
+    let mut failed: Option<(usize, String)> = None;
+    for (i, placement) in placements.iter().enumerate() {
+        let mut w = Written::default();
+        let result = prebind(client, metrics, &api(placement), placement, &mut w).await;
+        written.push(w);
+        if let Err(message) = result {
+            failed = Some((i, message));
             break;
         }
     }
-    if result.is_ok() && !placement.volumes.is_empty() {
-        result = wait_for_volumes(client, &pods, placement, VOLUME_BIND_TIMEOUT).await;
-    }
-    for decision in placement.claims.iter().filter(|_| result.is_ok()) {
-        attempted.push(decision);
-        match write_claim(client, metrics, placement, decision).await {
-            Ok(claim) => stored.push(claim),
-            Err(e) => {
-                result = Err(e);
-                break;
-            }
+    let mut results = Vec::new();
+    if let Some((at, message)) = failed {
+        for (i, (placement, w)) in placements.iter().zip(written).enumerate() {
+            let why = if i == at {
+                message.clone()
+            } else {
+                format!(
+                    "another member of its PodGroup could not be written, so none is bound ({}: {message})",
+                    placements[at].pod
+                )
+            };
+            results.push(finish(client, metrics, &api(placement), placement, w, Err(why)).await);
         }
+        for placement in &placements[at + 1..] {
+            results.push(Err(BindFailure {
+                message: format!(
+                    "pod {} was not bound: another member of its PodGroup could not be written ({}: {message})",
+                    placement.pod, placements[at].pod
+                ),
+                unwound: true,
+            }));
+        }
+        return results;
+    }
+    for (placement, w) in placements.iter().zip(written) {
+        let pods = api(placement);
+        let result = create_binding(&pods, metrics, placement).await;
+        results.push(finish(client, metrics, &pods, placement, w, result).await);
+    }
+    results
+}
+
+/// The writes before the binding, in kube-scheduler's order: volumes (and the wait for the
+/// PV controller), the claims, the pod's extended-resource claim status. `written` records
+/// what may have landed.
+async fn prebind<'a>(
+    client: &Client,
+    metrics: &Metrics,
+    pods: &Api<Pod>,
+    placement: &'a Placement,
+    written: &mut Written<'a>,
+) -> Result<(), String> {
+    for decision in &placement.volumes {
+        written.volumes.push(decision);
+        write_volume(client, metrics, decision).await?;
+    }
+    if !placement.volumes.is_empty() {
+        wait_for_volumes(client, pods, placement, VOLUME_BIND_TIMEOUT).await?;
+    }
+    for decision in &placement.claims {
+        written.claims.push(decision);
+        written
+            .stored
+            .push(write_claim(client, metrics, placement, decision).await?);
     }
     // kubelet learns from the pod's status which claim serves its extended resources and
     // which request serves each container; written before binding, as kube-scheduler does.
-    if result.is_ok()
-        && let Some(decision) = placement.claims.iter().find(|d| d.create)
-    {
+    if let Some(decision) = placement.claims.iter().find(|d| d.create) {
         let patch = json!({"status": {"extendedResourceClaimStatus": {
             "resourceClaimName": decision.key.name,
             "requestMappings": decision.extended_mappings,
         }}});
-        if let Err(e) = metrics
+        metrics
             .write(
                 "patch",
                 "pods/status",
@@ -438,26 +508,35 @@ pub async fn bind(
                 ),
             )
             .await
-        {
-            result = Err(format!(
-                "record the extended-resource claim of pod {}: {}",
-                placement.pod,
-                describe(&e)
-            ));
-        }
+            .map_err(|e| {
+                format!(
+                    "record the extended-resource claim of pod {}: {}",
+                    placement.pod,
+                    describe(&e)
+                )
+            })?;
     }
-    if result.is_ok() {
-        result = create_binding(&pods, metrics, placement).await;
-    }
+    Ok(())
+}
+
+/// The end of a binding: the stored claims on success, else the failure settled.
+async fn finish(
+    client: &Client,
+    metrics: &Metrics,
+    pods: &Api<Pod>,
+    placement: &Placement,
+    written: Written<'_>,
+    result: Result<(), String>,
+) -> Result<Vec<ResourceClaim>, BindFailure> {
     let Err(message) = result else {
-        return Ok(stored);
+        return Ok(written.stored);
     };
     settle(
         client,
         metrics,
-        &pods,
+        pods,
         placement,
-        (&attempted, &volumes_attempted),
+        (&written.claims, &written.volumes),
         message,
     )
     .await

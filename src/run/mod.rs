@@ -14,6 +14,7 @@
 pub mod apis;
 pub mod binder;
 pub mod config;
+mod groups;
 pub mod health;
 pub mod kube_config;
 pub mod leader;
@@ -30,6 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use dra_engine::group::GroupDecision;
 use dra_engine::{
     ClusterInput, ClusterState, Decision, Engine, EngineConfig, ObjectKey, Placement,
 };
@@ -44,6 +46,7 @@ use kube::{Api, Client};
 use tokio::sync::{Semaphore, mpsc, watch as signal};
 
 use self::config::Config;
+use self::groups::{PodGroups, Work};
 use self::health::{Health, Lane};
 use self::leader::{Candidate, Fence};
 use self::metrics::Metrics;
@@ -79,6 +82,8 @@ enum Change {
     Storage(storage::Change),
     /// Services, ReplicationControllers, ReplicaSets, StatefulSets: their selectors.
     Workloads(workloads::Change),
+    /// PodGroups (`scheduling.k8s.io/v1beta1`), where served.
+    PodGroup(Event<k8s_openapi::api::scheduling::v1beta1::PodGroup>),
     /// A watch failed; the stream backs off and re-lists by itself.
     WatchError(&'static str, String),
 }
@@ -157,7 +162,8 @@ fn watch_all(client: &Client, served: &apis::ServedApis) -> SelectAll<BoxStream<
         .into_iter()
         .chain(taint_rules)
         .chain(storage::watches(client))
-        .chain(workloads::watches(client)),
+        .chain(workloads::watches(client))
+        .chain(served.pod_groups.then(|| groups::watch(client))),
     )
 }
 
@@ -167,6 +173,7 @@ fn watched_kinds(served: &apis::ServedApis) -> usize {
         + usize::from(served.taint_rules.is_some())
         + storage::KINDS.len()
         + workloads::KINDS.len()
+        + usize::from(served.pod_groups)
 }
 
 /// Discovery of what the API server serves, retried while the server cannot answer;
@@ -342,41 +349,55 @@ const FIRST_TRY: Duration = Duration::from_millis(500);
 /// the event loop keeps turning while it searches.
 struct Attempt {
     engine: Engine,
-    key: ObjectKey,
-    decision: Decision,
+    work: Work,
+    outcome: Outcome,
     elapsed: f64,
-    /// For a pod whose first try ran out of time: a fork of the engine to search on.
+    /// For work whose first try ran out of time: a fork of the engine to search on.
     fork: Option<Engine>,
 }
 
-fn run_attempt(mut engine: Engine, key: ObjectKey, cancel: Arc<AtomicBool>) -> Attempt {
+/// The engine's answer for a pod, or for a PodGroup's members.
+enum Outcome {
+    Pod(Decision),
+    Group(GroupDecision),
+}
+
+fn run_attempt(mut engine: Engine, work: Work, cancel: Arc<AtomicBool>) -> Attempt {
     let started = Instant::now();
     let budget = engine.config().filter_timeout;
     let first_try = FIRST_TRY.min(budget);
-    let decision = decide(&mut engine, &key, first_try, &cancel);
-    let fork = (matches!(decision, Decision::OutOfTime { .. }) && first_try < budget)
-        .then(|| engine.fork());
+    let outcome = decide(&mut engine, &work, first_try, &cancel);
+    let elapsed = started.elapsed().as_secs_f64();
+    let out_of_time = match &outcome {
+        Outcome::Pod(decision) => matches!(decision, Decision::OutOfTime { .. }),
+        // A group's search says so in its message; one that used its whole first try
+        // gets the whole budget.
+        Outcome::Group(decision) => {
+            !matches!(decision, GroupDecision::Scheduled(_)) && elapsed >= first_try.as_secs_f64()
+        }
+    };
+    let fork = (out_of_time && first_try < budget).then(|| engine.fork());
     Attempt {
         engine,
-        key,
-        decision,
-        elapsed: started.elapsed().as_secs_f64(),
+        work,
+        outcome,
+        elapsed,
         fork,
     }
 }
 
-/// A pod whose first try ran out of time, waiting for the long-search lane.
+/// Work whose first try ran out of time, waiting for the long-search lane.
 struct LongWaiting {
-    key: ObjectKey,
+    work: Work,
     fork: Engine,
     /// How long the first try took, in seconds: part of the attempt.
     first_try: f64,
 }
 
-/// A pod's search with its whole budget, on a fork of the engine.
+/// A search with the whole budget, on a fork of the engine.
 struct LongSearch {
-    key: ObjectKey,
-    decision: Decision,
+    work: Work,
+    outcome: Outcome,
     /// Both tries, in seconds (the wait for the lane aside): the attempt's duration.
     elapsed: f64,
     /// When the fork was made, to check its decision on the engine ([`Engine::admit`]).
@@ -385,51 +406,70 @@ struct LongSearch {
 
 fn run_long_search(waiting: LongWaiting, cancel: Arc<AtomicBool>) -> LongSearch {
     let LongWaiting {
-        key,
+        work,
         mut fork,
         first_try,
     } = waiting;
     let started = Instant::now();
     let budget = fork.config().filter_timeout;
-    let decision = decide(&mut fork, &key, budget, &cancel);
+    let outcome = decide(&mut fork, &work, budget, &cancel);
     LongSearch {
         forked_at: fork.forked_at().unwrap_or_default(),
-        key,
-        decision,
+        work,
+        outcome,
         elapsed: first_try + started.elapsed().as_secs_f64(),
     }
 }
 
-/// The engine's decision; a panic in it is caught and reported on the pod, and the
-/// scheduler keeps running.
-fn decide(engine: &mut Engine, key: &ObjectKey, budget: Duration, cancel: &AtomicBool) -> Decision {
-    guarded(engine, key, |engine| {
-        engine.schedule_within(key, budget, Some(cancel))
-    })
+/// The engine's decision; a panic in it is caught and reported on the pod (every member
+/// of a group), and the scheduler keeps running.
+fn decide(engine: &mut Engine, work: &Work, budget: Duration, cancel: &AtomicBool) -> Outcome {
+    match work {
+        Work::Pod(key) => Outcome::Pod(guarded(
+            engine,
+            key,
+            |engine| engine.schedule_within(key, budget, Some(cancel)),
+            |message| Decision::Error {
+                pod: key.clone(),
+                message,
+            },
+        )),
+        Work::Group { group, members } => {
+            let key = ObjectKey::of(&group.metadata);
+            Outcome::Group(guarded(
+                engine,
+                &key,
+                |engine| engine.schedule_group_with(group, members, budget, Some(cancel)),
+                |message| GroupDecision::Error {
+                    group: key.clone(),
+                    message,
+                },
+            ))
+        }
+    }
 }
 
-/// Runs one attempt; a panic in it becomes an error decision for that pod.
-fn guarded(
+/// Runs one attempt; a panic in it becomes an error decision (`failed`) for what it
+/// decides (`what`).
+fn guarded<T>(
     engine: &mut Engine,
-    key: &ObjectKey,
-    attempt: impl FnOnce(&mut Engine) -> Decision,
-) -> Decision {
+    what: &ObjectKey,
+    attempt: impl FnOnce(&mut Engine) -> T,
+    failed: impl FnOnce(String) -> T,
+) -> T {
     let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| attempt(&mut *engine)));
     outcome.unwrap_or_else(|panic| {
         // The cycle does not change the state, only the allocator's view, which is rebuilt.
         engine.state_mut();
-        let what = panic
+        let what_panicked = panic
             .downcast_ref::<&str>()
             .map(|s| s.to_string())
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "unknown panic".into());
-        tracing::error!(pod = %key, panic = %what, "internal error in a scheduling attempt; the pod backs off");
-        Decision::Error {
-            pod: key.clone(),
-            message: format!(
-                "internal error in dra-scheduler while scheduling this pod ({what}); it will be retried, please report it"
-            ),
-        }
+        tracing::error!(pod = %what, panic = %what_panicked, "internal error in a scheduling attempt; backing off");
+        failed(format!(
+            "internal error in dra-scheduler while scheduling this pod ({what_panicked}); it will be retried, please report it"
+        ))
     })
 }
 
@@ -567,6 +607,9 @@ struct Daemon {
     deferred: Vec<Change>,
     queue: SchedulingQueue,
     book: Bookkeeping,
+    /// PodGroups, and why members wait without an attempt (for the report when overdue).
+    groups: PodGroups,
+    group_waits: HashMap<ObjectKey, String>,
     user: Tell,
     informers: Informers,
     leading: bool,
@@ -615,6 +658,8 @@ impl Daemon {
             deferred: Vec::new(),
             queue: SchedulingQueue::default(),
             book: Bookkeeping::default(),
+            groups: PodGroups::default(),
+            group_waits: HashMap::new(),
             informers: Informers::default(),
             leading: false,
             binds: Arc::new(Semaphore::new(config.max_concurrent_binds.max(1))),
@@ -690,7 +735,7 @@ impl Daemon {
                 engine,
                 &mut self.queue,
                 &mut self.book,
-                &mut self.informers,
+                (&mut self.informers, &mut self.groups),
                 change,
             ),
             None => self.deferred.push(change),
@@ -708,16 +753,16 @@ impl Daemon {
         let attempt = finished.context("the scheduling worker was lost")?;
         self.engine = Some(attempt.engine);
         if let Some(fork) = attempt.fork {
-            tracing::info!(pod = %attempt.key, "the first try ran out of time: searching with the whole budget while other pods go on");
+            tracing::info!(work = %attempt.work, "the first try ran out of time: searching with the whole budget while other pods go on");
             self.long_waiting.push_back(LongWaiting {
-                key: attempt.key,
+                work: attempt.work,
                 fork,
                 first_try: attempt.elapsed,
             });
         } else if self.leading {
-            self.decided(attempt.key, attempt.decision, attempt.elapsed);
+            self.outcome(attempt.work, attempt.outcome, attempt.elapsed);
         } else {
-            self.queue.backoff(&attempt.key, Instant::now());
+            self.back_off(&attempt.work);
         }
         for change in std::mem::take(&mut self.deferred) {
             self.on_change(change);
@@ -735,7 +780,7 @@ impl Daemon {
         if self.leading {
             self.decided_on_fork(search);
         } else {
-            self.queue.backoff(&search.key, Instant::now());
+            self.back_off(&search.work);
         }
         Ok(())
     }
@@ -762,7 +807,8 @@ impl Daemon {
         // A claim that has not appeared for a while is worth telling the user about.
         if let Some(engine) = self.engine.as_ref() {
             for pod in self.queue.overdue_gated(now, GATED_REPORT_AFTER) {
-                if let Some(message) = engine.claims_missing(&pod) {
+                let waits = self.group_waits.get(&pod).cloned();
+                if let Some(message) = engine.claims_missing(&pod).or(waits) {
                     let uid = engine
                         .state()
                         .pods
@@ -793,14 +839,50 @@ impl Daemon {
         let Some(engine) = self.engine.take() else {
             return;
         };
-        match next_pod(&engine, &mut self.queue, &self.book) {
-            Some(key) => {
+        match self.next_work(&engine, now) {
+            Some(work) => {
                 self.health.attempt_started(Lane::Main, now);
                 self.running = Some(Running::spawn(move |cancel| {
-                    run_attempt(engine, key, cancel)
+                    run_attempt(engine, work, cancel)
                 }));
             }
             None => self.engine = Some(engine),
+        }
+    }
+
+    /// The next pod from the queue, with its PodGroup's waiting members if it names one.
+    /// Pods waiting for their claims, or for their PodGroup and its members, are gated.
+    fn next_work(&mut self, engine: &Engine, now: Instant) -> Option<Work> {
+        while let Some(key) = self.queue.pop() {
+            if self.book.in_flight.contains_key(&key) {
+                continue;
+            }
+            if engine.claims_missing(&key).is_some() {
+                self.queue.gate(&key, now);
+                continue;
+            }
+            let in_flight = |k: &ObjectKey| self.book.in_flight.contains_key(k);
+            match self
+                .groups
+                .work_for(engine, &mut self.queue, &in_flight, key.clone())
+            {
+                Ok(work) => {
+                    self.group_waits.remove(&key);
+                    return Some(work);
+                }
+                Err(why) => {
+                    self.queue.gate(&key, now);
+                    self.group_waits.insert(key, why);
+                }
+            }
+        }
+        None
+    }
+
+    /// Every pod of the work backs off.
+    fn back_off(&mut self, work: &Work) {
+        for pod in work.pods() {
+            self.queue.backoff(&pod, Instant::now());
         }
     }
 
@@ -917,34 +999,159 @@ impl Daemon {
         });
     }
 
-    /// Take a decision made on a fork: a placement only if it still holds on the engine,
+    /// Take a decision made on a fork: placements only if they still hold on the engine,
     /// "nothing fits" then retried soon if anything changed meanwhile.
     fn decided_on_fork(&mut self, search: LongSearch) {
         let LongSearch {
-            key,
-            decision,
+            work,
+            outcome,
             elapsed,
             forked_at,
         } = search;
         let engine = here(&mut self.engine);
-        if let Decision::Scheduled(placement) = &decision
-            && let Err(why) = engine.admit(placement, forked_at)
+        let placements: &[Placement] = match &outcome {
+            Outcome::Pod(Decision::Scheduled(placement)) => std::slice::from_ref(placement),
+            Outcome::Group(decision) => decision.placements(),
+            Outcome::Pod(_) => &[],
+        };
+        if let Some(why) = placements
+            .iter()
+            .find_map(|p| engine.admit(p, forked_at).err())
         {
-            tracing::info!(pod = %key, %why, "a placement found on a fork no longer holds; trying again");
+            tracing::info!(%work, %why, "a placement found on a fork no longer holds; trying again");
             self.metrics
                 .attempts
                 .with_label_values(&["error"])
                 .observe(elapsed);
-            self.queue.backoff(&key, Instant::now());
+            self.back_off(&work);
             return;
         }
         let stale = engine.changed_since(forked_at);
-        let unplaced = !matches!(decision, Decision::Scheduled(_));
-        self.decided(key.clone(), decision, elapsed);
+        let unplaced = placements.is_empty();
+        let pods = work.pods();
+        self.outcome(work, outcome, elapsed);
         if unplaced && stale {
-            // An event that could help came while the pod was away from the queue.
-            self.queue.backoff(&key, Instant::now());
+            // An event that could help came while the pods were away from the queue.
+            for pod in &pods {
+                self.queue.backoff(pod, Instant::now());
+            }
         }
+    }
+
+    /// Take the outcome of an attempt (the engine is back).
+    fn outcome(&mut self, work: Work, outcome: Outcome, elapsed: f64) {
+        match (work, outcome) {
+            (Work::Pod(key), Outcome::Pod(decision)) => self.decided(key, decision, elapsed),
+            (Work::Group { members, .. }, Outcome::Group(decision)) => {
+                self.group_decided(&members, decision, elapsed)
+            }
+            (work, _) => {
+                tracing::error!(%work, "an attempt answered for other work; backing off");
+                self.back_off(&work);
+            }
+        }
+    }
+
+    /// Take a PodGroup's decision: assume every member's placement and write them as one
+    /// ([`binder::bind_group`]); or tell every member why the group waits. The PodGroup's
+    /// condition says which.
+    fn group_decided(&mut self, members: &[ObjectKey], decision: GroupDecision, elapsed: f64) {
+        let group = decision.group().clone();
+        let result = match &decision {
+            GroupDecision::Scheduled(_) => "scheduled",
+            GroupDecision::Unschedulable { .. } => "unschedulable",
+            GroupDecision::Error { .. } => "error",
+        };
+        self.metrics
+            .attempts
+            .with_label_values(&[result])
+            .observe(elapsed);
+        let uid = |engine: &Engine, pod: &ObjectKey| {
+            engine
+                .state()
+                .pods
+                .get(pod)
+                .and_then(|p| p.metadata.uid.clone())
+        };
+        match decision {
+            GroupDecision::Scheduled(placed) => {
+                tracing::info!(podgroup = %group, placed = placed.placements.len(), pending = placed.pending.len(), domain = placed.domain.as_deref().unwrap_or(""), attempt_seconds = elapsed, "PodGroup scheduled");
+                for (pod, message) in placed.pending {
+                    self.queue
+                        .unschedulable(&pod, Instant::now(), BTreeSet::new());
+                    let uid = uid(here(&mut self.engine), &pod);
+                    self.user.failed(
+                        pod,
+                        uid,
+                        format!("PodGroup {group} was placed without this pod: {message}"),
+                    );
+                }
+                self.groups
+                    .set_condition(&self.client, &self.metrics, &group, Ok(()));
+                self.scheduled_group(placed.placements, elapsed);
+            }
+            GroupDecision::Unschedulable { message, .. } => {
+                tracing::info!(podgroup = %group, attempt_seconds = elapsed, reason = %message, "PodGroup is unschedulable");
+                for pod in members {
+                    self.queue
+                        .unschedulable(pod, Instant::now(), BTreeSet::new());
+                    let uid = uid(here(&mut self.engine), pod);
+                    self.user.failed(pod.clone(), uid, message.clone());
+                }
+                let reason = ("Unschedulable", message);
+                self.groups
+                    .set_condition(&self.client, &self.metrics, &group, Err(reason));
+            }
+            GroupDecision::Error { message, .. } => {
+                tracing::warn!(podgroup = %group, attempt_seconds = elapsed, error = %message, "PodGroup scheduling attempt failed; backing off");
+                for pod in members {
+                    self.queue.backoff(pod, Instant::now());
+                    let uid = uid(here(&mut self.engine), pod);
+                    self.user.failed(pod.clone(), uid, message.clone());
+                }
+                let reason = ("SchedulerError", message);
+                self.groups
+                    .set_condition(&self.client, &self.metrics, &group, Err(reason));
+            }
+        }
+    }
+
+    /// Assume a PodGroup's placements and write them in one task: every member's claims
+    /// before any pod is bound, all undone when one fails. Each member's result comes back
+    /// as a binding of its own.
+    fn scheduled_group(&mut self, placements: Vec<Placement>, attempt_seconds: f64) {
+        let engine = here(&mut self.engine);
+        let mut timings = Vec::new();
+        for placement in &placements {
+            engine.assume(placement);
+            self.book
+                .in_flight
+                .insert(placement.pod.clone(), placement.clone());
+            timings.push(Timing {
+                queued: self.queue.added_at(&placement.pod),
+                attempt_seconds,
+            });
+        }
+        self.queue.pods_placed();
+        self.metrics.in_flight.set(self.book.in_flight.len() as i64);
+        let (client, done, binds, metrics) = (
+            self.client.clone(),
+            self.done.clone(),
+            self.binds.clone(),
+            self.metrics.clone(),
+        );
+        tokio::spawn(async move {
+            let _permit = binds.acquire_owned().await;
+            let started = Instant::now();
+            let results = binder::bind_group(&client, &metrics, &placements).await;
+            for ((placement, timing), result) in placements.into_iter().zip(timings).zip(results) {
+                metrics
+                    .bind_latency
+                    .with_label_values(&[if result.is_ok() { "ok" } else { "error" }])
+                    .observe(started.elapsed().as_secs_f64());
+                let _ = done.send((placement, timing, result));
+            }
+        });
     }
 
     /// A binding task finished.
@@ -1119,20 +1326,6 @@ fn claims_and_devices(placement: &Placement) -> (String, String) {
 }
 
 /// The next pod to try, if any; pods whose claims do not exist yet are gated on the way.
-fn next_pod(engine: &Engine, queue: &mut SchedulingQueue, book: &Bookkeeping) -> Option<ObjectKey> {
-    while let Some(key) = queue.pop() {
-        if book.in_flight.contains_key(&key) {
-            continue;
-        }
-        if engine.claims_missing(&key).is_some() {
-            queue.gate(&key, Instant::now());
-            continue;
-        }
-        return Some(key);
-    }
-    None
-}
-
 /// Decisions whose writes are in flight or not yet seen by the informers, keyed by pod
 /// and checked against the pod's UID (a pod deleted and created again under the same name
 /// is another pod).
@@ -1165,7 +1358,7 @@ fn apply(
     engine: &mut Engine,
     queue: &mut SchedulingQueue,
     book: &mut Bookkeeping,
-    informers: &mut Informers,
+    (informers, groups): (&mut Informers, &mut PodGroups),
     change: Change,
 ) {
     // Whether the change may free or add what an unschedulable pod lacked.
@@ -1193,6 +1386,11 @@ fn apply(
         Change::TaintRule(event) => cluster_scoped(engine, informers, &TAINT_RULES, event),
         Change::Storage(change) => storage::apply(engine, informers, book.placements(), change),
         Change::Workloads(change) => workloads::apply(engine, informers, change),
+        // A PodGroup's members are woken by the group itself.
+        Change::PodGroup(event) => {
+            groups.apply(engine, queue, informers, event);
+            false
+        }
         Change::WatchError(kind, message) => {
             tracing::warn!(kind, error = %message, "watch failed; backing off and re-listing");
             false
@@ -1620,7 +1818,15 @@ mod tests {
             },
         );
         let bad = ObjectKey::new("default", "bad");
-        let decision = guarded(&mut engine, &bad, |_| panic!("index out of bounds"));
+        let decision = guarded(
+            &mut engine,
+            &bad,
+            |_| panic!("index out of bounds"),
+            |message| Decision::Error {
+                pod: bad.clone(),
+                message,
+            },
+        );
         match decision {
             Decision::Error { pod, message } => {
                 assert_eq!(pod, bad);
@@ -1633,7 +1839,14 @@ mod tests {
         }
         let next = ObjectKey::new("default", "next");
         let cancel = AtomicBool::new(false);
-        let placed = decide(&mut engine, &next, Duration::from_secs(10), &cancel);
+        let Outcome::Pod(placed) = decide(
+            &mut engine,
+            &Work::Pod(next),
+            Duration::from_secs(10),
+            &cancel,
+        ) else {
+            panic!("a pod's work has a pod's decision");
+        };
         assert_eq!(placed.node(), Some("n1"));
     }
 

@@ -117,6 +117,17 @@ impl SchedulingQueue {
         Some(key)
     }
 
+    /// Take a waiting pod out of turn, with the pod popped before it (the members of one
+    /// PodGroup are tried together); it is in flight as if popped.
+    pub fn take(&mut self, key: &ObjectKey) {
+        if let Some(e) = self.pods.get_mut(key) {
+            self.active
+                .remove(&(Reverse(e.priority), e.arrival, key.clone()));
+            e.place = Place::InFlight;
+            e.attempts += 1;
+        }
+    }
+
     /// No node fits, by the word of `rejected_by`: wait for a cluster event, or
     /// [`UNSCHEDULABLE_RETRY`].
     pub fn unschedulable(
@@ -266,6 +277,21 @@ mod tests {
             [q.pop(), q.pop(), q.pop(), q.pop()],
             [Some(key("b")), Some(key("a")), Some(key("c")), None]
         );
+    }
+
+    #[test]
+    fn a_pod_taken_with_its_group_leaves_its_turn_and_is_in_flight() {
+        let mut q = SchedulingQueue::default();
+        q.add(key("a"), 0);
+        q.add(key("b"), 0);
+        q.add(key("c"), 0);
+        assert_eq!(q.pop(), Some(key("a")));
+        q.take(&key("c"));
+        assert_eq!(q.pop(), Some(key("b")));
+        assert_eq!(q.pop(), None, "c went with a");
+        q.backoff(&key("c"), Instant::now());
+        q.flush_backoff(Instant::now() + MAX_BACKOFF);
+        assert_eq!(q.pop(), Some(key("c")), "and comes back like any pod");
     }
 
     #[test]

@@ -91,7 +91,7 @@ pub fn json_log(text: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
         .collect()
 }
 
-fn kubectl_apply_text(cluster: &TestCluster, name: &str, text: &[u8]) {
+pub fn kubectl_apply_text(cluster: &TestCluster, name: &str, text: &[u8]) {
     // One folder per call: the tests of one binary run at once and may apply the same name.
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
