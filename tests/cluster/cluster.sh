@@ -82,9 +82,25 @@ DRA_FEATURE_GATES=(
   DRAResourcePoolStatus
   DRASchedulerFilterTimeout
 )
+# Workload-aware scheduling (issue 16), all off by default in 1.37: GenericWorkload serves
+# Workload and PodGroup (scheduling.k8s.io/v1beta1, see WORKLOAD_RUNTIME_CONFIG) and puts
+# kube-scheduler's GangScheduling plugin in its default profile; TopologyAwareWorkloadScheduling
+# adds TopologyPlacementGenerator and PodGroupPodsCount (schedulingConstraints.topology);
+# DRAWorkloadResourceClaims lets a PodGroup's resourceClaims be reserved for the group.
+# Left off: CompositePodGroup (would need scheduling.k8s.io/v1alpha3 served, and kube-scheduler
+# watches it), PodGroupPreemptionPolicy and WorkloadWithJob (the job controller would make a
+# Workload for every qualifying Job the tests create).
+WORKLOAD_FEATURE_GATES=(
+  GenericWorkload
+  TopologyAwareWorkloadScheduling
+  DRAWorkloadResourceClaims
+)
+# Beta API versions are off by default: Workload and PodGroup are served only with this.
+WORKLOAD_RUNTIME_CONFIG=scheduling.k8s.io/v1beta1=true
+ALL_FEATURE_GATES=("${DRA_FEATURE_GATES[@]}" "${WORKLOAD_FEATURE_GATES[@]}")
 feature_gates() {
   local IFS=,
-  echo "${DRA_FEATURE_GATES[*]/%/=true}"
+  echo "${ALL_FEATURE_GATES[*]/%/=true}"
 }
 
 # Controllers the tests rely on. node-lifecycle is deliberately absent: with no kubelets it
@@ -99,6 +115,7 @@ KCM_CONTROLLERS=(
   persistentvolume-binder-controller
   serviceaccount-controller serviceaccount-token-controller
   root-ca-certificate-publisher-controller
+  podgroup-protection-controller
 )
 
 log() { echo "cluster.sh: $*" >&2; }
@@ -280,7 +297,7 @@ start_apiserver() {
     --service-account-issuer https://kubernetes.default.svc \
     --service-cluster-ip-range 10.0.0.0/24 \
     --authorization-mode Node,RBAC \
-    --runtime-config "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true$(runtime_config_extra "$dir")" \
+    --runtime-config "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true,$WORKLOAD_RUNTIME_CONFIG$(runtime_config_extra "$dir")" \
     --feature-gates "$(feature_gates)" \
     --endpoint-reconciler-type none \
     --disable-admission-plugins TaintNodesByCondition \
@@ -582,7 +599,7 @@ EOF
   healthz=$(free_port)
   echo "$port" >"$nd/kubelet.port"
   feature_map=""
-  for gate in "${DRA_FEATURE_GATES[@]}"; do feature_map+="  $gate: true"$'\n'; done
+  for gate in "${ALL_FEATURE_GATES[@]}"; do feature_map+="  $gate: true"$'\n'; done
   cat >"$nd/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
