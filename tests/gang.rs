@@ -229,3 +229,63 @@ async fn killing_the_scheduler_during_gangs_writes_leaves_every_gang_whole_after
     assert_eq!(assert_no_device_twice(&client).await, 16);
     assert_eq!(assert_claims_agree_with_pods(&client, &list).await, 16);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_of_the_podgroup_is_made_once_reserved_for_the_group_and_shared_by_its_pods() {
+    let cluster = TestCluster::dedicated();
+    let _daemon = start_scheduler_with(&cluster, &[]);
+    apply_fleet(&cluster, 2, 3);
+    // Each pod has a GPU of its own and shares the group's "fabric" device, which
+    // kube-controller-manager makes once, for the PodGroup, from the template.
+    let mut text = gang("train", 2, 1).replace(
+        "spec:\n  schedulingPolicy:",
+        "spec:\n  resourceClaims: [{name: fabric, resourceClaimTemplateName: train-gpus}]\n  schedulingPolicy:",
+    );
+    text = text.replace(
+        "resourceClaims: [{name: gpu, resourceClaimTemplateName: train-gpus}]",
+        "resourceClaims: [{name: gpu, resourceClaimTemplateName: train-gpus}, {name: fabric, resourceClaimTemplateName: train-gpus}]",
+    );
+    kubectl_apply_text(&cluster, "gang", text.as_bytes());
+    let client = cluster.client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    eventually("both members bound", 90, || async {
+        (bound_in(&pods, "train").await == 2).then_some(())
+    })
+    .await;
+    let list = pods
+        .list(&ListParams::default().labels("gang=train"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(
+        node_of(&list[0]),
+        node_of(&list[1]),
+        "the shared device holds both on one node"
+    );
+    let groups: Api<PodGroup> = Api::namespaced(client.clone(), "default");
+    let group = groups.get("train").await.unwrap();
+    let fabric = group
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_ref())
+        .and_then(|s| s.iter().find(|s| s.name == "fabric"))
+        .and_then(|s| s.resource_claim_name.clone())
+        .expect("kube-controller-manager made the group's claim");
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
+    let claim = claims.get(&fabric).await.unwrap();
+    let status = claim.status.unwrap();
+    assert!(status.allocation.is_some());
+    let reserved = status.reserved_for.unwrap();
+    assert_eq!(reserved.len(), 1, "{reserved:?}");
+    assert_eq!(
+        (
+            reserved[0].api_group.as_deref(),
+            reserved[0].resource.as_str(),
+            reserved[0].name.as_str()
+        ),
+        (Some("scheduling.k8s.io"), "podgroups", "train")
+    );
+    assert_eq!(Some(&reserved[0].uid), group.metadata.uid.as_ref());
+    // 2 GPUs of the pods' own and the fabric device, each once.
+    assert_eq!(assert_no_device_twice(&client).await, 3);
+}

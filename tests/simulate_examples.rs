@@ -488,6 +488,21 @@ fn gang_rack_puts_the_small_gang_in_the_tighter_rack_so_the_big_one_fits() {
 }
 
 #[test]
+fn gang_shared_claim_allocates_the_groups_claim_once_and_puts_every_member_on_its_node() {
+    let r = simulate(&["examples/gang-shared-claim"]);
+    for i in 0..3 {
+        assert_eq!(r.node(&format!("default/worker-{i}")), Some("node-b"));
+    }
+    assert_eq!(
+        r.devices("default/train-fabric"),
+        ["fabric.example.com/node-b/channel-0"]
+    );
+    assert_eq!(r.reserved_for("default/train-fabric"), ["podgroups/train"]);
+    assert_eq!(r.reserved_for("default/worker-0-gpus"), ["pods/worker-0"]);
+    assert_eq!(r.group("default/train")["placedPods"].as_u64(), Some(3));
+}
+
+#[test]
 fn a_member_of_a_pod_group_that_does_not_exist_waits_and_says_so() {
     let dir = std::env::temp_dir().join(format!("dra-sim-no-group-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

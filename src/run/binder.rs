@@ -78,14 +78,10 @@ pub fn stamp_allocation(allocation: &mut AllocationResult, now: k8s_openapi::jif
     }
 }
 
-/// The pod's `reservedFor` entry, and whether an entry is this pod (by UID, as the
-/// engine decides: `dra_engine::claims`).
-fn consumer(placement: &Placement) -> ResourceClaimConsumerReference {
-    claims::consumer(&placement.pod.name, placement.pod_uid.as_deref())
-}
-
-fn is_pod(entry: &ResourceClaimConsumerReference, me: &ResourceClaimConsumerReference) -> bool {
-    claims::is_pod(entry, &me.name, Some(me.uid.as_str()))
+/// Whether a `reservedFor` entry is `me` (by UID, as the engine decides:
+/// `dra_engine::claims`).
+fn is_me(entry: &ResourceClaimConsumerReference, me: &ResourceClaimConsumerReference) -> bool {
+    claims::is_consumer(entry, me)
 }
 
 fn resource_version(claim: &ResourceClaim) -> Option<&str> {
@@ -163,7 +159,7 @@ async fn write_claim(
             }
         }
     }
-    let me = consumer(placement);
+    let me = placement.consumer_of(decision);
     for _ in 0..CONFLICT_RETRIES {
         let mut claim = match known.take() {
             Some(claim) => claim,
@@ -222,7 +218,7 @@ async fn write_claim(
         let status = claim.status.clone().unwrap_or_default();
         let mut reserved = status.reserved_for.unwrap_or_default();
         let mut patch = json!({"status": {}});
-        if !reserved.iter().any(|r| is_pod(r, &me)) {
+        if !reserved.iter().any(|r| is_me(r, &me)) {
             reserved.push(me.clone());
             patch["status"]["reservedFor"] = json!(reserved);
         }
@@ -298,7 +294,7 @@ async fn unwind_claim(
     decision: &ClaimDecision,
 ) -> Result<(), String> {
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &decision.key.namespace);
-    let me = consumer(placement);
+    let me = placement.consumer_of(decision);
     let failed =
         |e: kube::Error| format!("unwind ResourceClaim {}: {}", decision.key, describe(&e));
     loop {
@@ -311,7 +307,7 @@ async fn unwind_claim(
         let reserved = status.reserved_for.unwrap_or_default();
         let others: Vec<_> = reserved
             .iter()
-            .filter(|r| !is_pod(r, &me))
+            .filter(|r| !is_me(r, &me))
             .cloned()
             .collect();
         let ours = match (&decision.allocation, &status.allocation) {
@@ -459,10 +455,18 @@ pub async fn bind_group(
         }
         return results;
     }
-    for (placement, w) in placements.iter().zip(written) {
+    for (placement, mut w) in placements.iter().zip(written) {
         let pods = api(placement);
         let result = create_binding(&pods, metrics, placement).await;
-        results.push(finish(client, metrics, &pods, placement, w, result).await);
+        // A claim reserved for the PodGroup is shared with members that may be bound by
+        // now: one member's failure leaves it as it is (and its devices taken).
+        let shared = w.claims.iter().any(|d| d.consumer.is_some());
+        w.claims.retain(|d| d.consumer.is_none());
+        let mut result = finish(client, metrics, &pods, placement, w, result).await;
+        if let Err(failure) = &mut result {
+            failure.unwound &= !shared;
+        }
+        results.push(result);
     }
     results
 }

@@ -1753,6 +1753,7 @@ mod tests {
                 allocation: new.map(allocation),
                 create: false,
                 extended_mappings: Vec::new(),
+                consumer: None,
             };
         let placement = Placement {
             pod: ObjectKey::new("default", "p"),

@@ -31,14 +31,36 @@ pub fn consumer(pod_name: &str, pod_uid: Option<&str>) -> ResourceClaimConsumerR
     }
 }
 
+/// The `reservedFor` entry of a PodGroup, for a claim it lists in `spec.resourceClaims`
+/// (DRAWorkloadResourceClaims: upstream's `resourceclaim.BindTo`).
+pub fn pod_group_consumer(name: &str, uid: Option<&str>) -> ResourceClaimConsumerReference {
+    ResourceClaimConsumerReference {
+        resource: "podgroups".into(),
+        name: name.to_string(),
+        uid: uid.unwrap_or_default().to_string(),
+        api_group: Some("scheduling.k8s.io".into()),
+    }
+}
+
 /// Whether a `reservedFor` entry is this pod: by UID where the pod has one (a pod deleted
 /// and created again under the same name is another consumer), else by name.
 pub fn is_pod(entry: &ResourceClaimConsumerReference, name: &str, uid: Option<&str>) -> bool {
-    entry.resource == "pods"
-        && entry.api_group.as_deref().unwrap_or_default().is_empty()
-        && match uid {
-            Some(uid) if !uid.is_empty() => entry.uid == uid,
-            _ => entry.name == name,
+    is_consumer(entry, &consumer(name, uid))
+}
+
+/// Whether a `reservedFor` entry is the consumer `me` (a pod or a PodGroup): the same
+/// resource, then by UID where `me` has one, else by name.
+pub fn is_consumer(
+    entry: &ResourceClaimConsumerReference,
+    me: &ResourceClaimConsumerReference,
+) -> bool {
+    let group = |r: &ResourceClaimConsumerReference| r.api_group.clone().unwrap_or_default();
+    entry.resource == me.resource
+        && group(entry) == group(me)
+        && if me.uid.is_empty() {
+            entry.name == me.name
+        } else {
+            entry.uid == me.uid
         }
 }
 
@@ -59,23 +81,23 @@ pub fn allocation(claim: &ResourceClaim) -> Option<&AllocationResult> {
     claim.status.as_ref()?.allocation.as_ref()
 }
 
-/// Add the pod to `reservedFor` (once). Returns whether it was added.
-pub fn reserve(status: &mut ResourceClaimStatus, name: &str, uid: Option<&str>) -> bool {
+/// Add the consumer to `reservedFor` (once). Returns whether it was added.
+pub fn reserve(status: &mut ResourceClaimStatus, me: &ResourceClaimConsumerReference) -> bool {
     let reserved = status.reserved_for.get_or_insert_with(Vec::new);
-    if reserved.iter().any(|r| is_pod(r, name, uid)) {
+    if reserved.iter().any(|r| is_consumer(r, me)) {
         return false;
     }
-    reserved.push(consumer(name, uid));
+    reserved.push(me.clone());
     true
 }
 
-/// Take the pod out of `reservedFor`. Returns whether it was there.
-pub fn unreserve(status: &mut ResourceClaimStatus, name: &str, uid: Option<&str>) -> bool {
+/// Take the consumer out of `reservedFor`. Returns whether it was there.
+pub fn unreserve(status: &mut ResourceClaimStatus, me: &ResourceClaimConsumerReference) -> bool {
     let Some(reserved) = status.reserved_for.as_mut() else {
         return false;
     };
     let before = reserved.len();
-    reserved.retain(|r| !is_pod(r, name, uid));
+    reserved.retain(|r| !is_consumer(r, me));
     reserved.len() != before
 }
 
@@ -181,10 +203,18 @@ fn check_usable(
         pc.resource_claim_template_name.as_deref(),
         pod.metadata.name.as_deref(),
     ) {
+        let group = crate::group::pod_group_name(pod);
         let owned = claim.metadata.owner_references.iter().flatten().any(|o| {
-            o.kind == "Pod"
+            let by_pod = o.kind == "Pod"
                 && o.name == owner
-                && (pod.metadata.uid.is_none() || pod.metadata.uid.as_deref() == Some(&o.uid))
+                && (pod.metadata.uid.is_none() || pod.metadata.uid.as_deref() == Some(&o.uid));
+            // Made from the template of the pod's PodGroup (upstream's IsForPod with
+            // DRAWorkloadResourceClaims): the PodGroup controls it.
+            let by_group = o.kind == "PodGroup"
+                && o.controller == Some(true)
+                && Some(o.name.as_str()) == group
+                && o.api_version.starts_with("scheduling.k8s.io/");
+            by_pod || by_group
         });
         if !owned {
             return Err(unusable(format!(

@@ -342,10 +342,10 @@ impl Engine {
 fn unsupported(pod: &k8s_openapi::api::core::v1::Pod) -> Option<Status> {
     let spec = pod.spec.as_ref()?;
     spec.scheduling_group.as_ref().map(|_| {
-        // The engine schedules PodGroups with `Engine::schedule_group`; the daemon does not
-        // use it yet (wiring it in is the next step), so a member alone is refused.
+        // A PodGroup's members are placed together by `Engine::schedule_group` (the daemon
+        // and simulate send them there); a member alone is never placed past its group.
         Status::unresolvable(
-            "spec.schedulingGroup: PodGroup (gang) scheduling is not supported by dra-scheduler yet",
+            "spec.schedulingGroup: a member of a PodGroup is scheduled with its group, not alone",
         )
     })
 }

@@ -63,6 +63,22 @@ pub struct ClaimDecision {
     /// For that claim: which of its requests serves each container, for the pod's
     /// `status.extendedResourceClaimStatus`. Empty for other claims.
     pub extended_mappings: Vec<k8s_openapi::api::core::v1::ContainerExtendedResourceRequest>,
+    /// Who the claim is reserved for when not the pod: its PodGroup, for a claim the
+    /// PodGroup lists in `spec.resourceClaims` (set by [`Engine::schedule_group`]).
+    pub consumer: Option<k8s_openapi::api::resource::v1::ResourceClaimConsumerReference>,
+}
+
+impl Placement {
+    /// The `reservedFor` entry the claim of `decision` gets: the pod's, or its PodGroup's.
+    pub fn consumer_of(
+        &self,
+        decision: &ClaimDecision,
+    ) -> k8s_openapi::api::resource::v1::ResourceClaimConsumerReference {
+        decision
+            .consumer
+            .clone()
+            .unwrap_or_else(|| claims::consumer(&self.pod.name, self.pod_uid.as_deref()))
+    }
 }
 
 /// A pod placed on a node.
@@ -467,7 +483,7 @@ impl Engine {
                     self.snapshot = None;
                 }
             }
-            claims::reserve(status, &placement.pod.name, placement.pod_uid.as_deref());
+            claims::reserve(status, &placement.consumer_of(decision));
         }
         for decision in &placement.volumes {
             self.assume_volume(decision);
@@ -497,7 +513,7 @@ impl Engine {
             let status = claim
                 .status
                 .get_or_insert_with(ResourceClaimStatus::default);
-            claims::unreserve(status, &placement.pod.name, placement.pod_uid.as_deref());
+            claims::unreserve(status, &placement.consumer_of(decision));
             // Give back only what is still ours: the claim may hold someone else's
             // allocation by now, which stays.
             if let Some(allocation) = &decision.allocation

@@ -13,22 +13,30 @@
 //!   refuses the group). A counting bound (devices of each requested kind, in total and per
 //!   node) proves most impossible groups before any search, and says what is missing; the
 //!   whole search has one time budget (`filterTimeout`) and says so when it runs out.
+//!   Members that share a claim not allocated yet follow the first member that uses it
+//!   (a node's device pins them to its node): when that leaves the group unplaced, the
+//!   whole group is tried on one node at a time, the nodes with the most free devices of
+//!   the kinds asked for first.
 //! - **basic**: the members one by one, as single pods.
 //! - `schedulingConstraints.topology`: every member in one domain (the nodes sharing the
 //!   values of the label keys); the domains are tried best fit first (fewest free devices of
 //!   the kinds the group asks for), so the first domain where the whole group fits is the
 //!   best one.
 //!
+//! - `spec.resourceClaims` (DRAWorkloadResourceClaims): a member's claim that the PodGroup
+//!   lists (the same name, and the same claim or template) is reserved for the PodGroup,
+//!   not the pod; the first member that uses it allocates it and the others share its
+//!   devices, as upstream's `resourceclaim.BindTo` decides.
+//!
 //! Not implemented, so refused by name (the group stays unplaced with a message naming the
-//! field, never placed while it is ignored): PodGroup `spec.resourceClaims`
-//! (DRAWorkloadResourceClaims) and `spec.parentCompositePodGroupName` (CompositePodGroup).
+//! field, never placed while it is ignored): `spec.parentCompositePodGroupName`
+//! (CompositePodGroup).
 //! `disruptionMode` and `preemptionPolicy` are about disruption and preemption, which this
 //! scheduler does not do; `priority` orders the queue, which is the caller's.
 //!
 //! Like [`Engine::schedule`], nothing changes in the state: [`Engine::assume_group`] takes
 //! a scheduled group (every member's placement, in order), [`Engine::forget_group`] takes it
-//! all back. The daemon does not use this yet (it still refuses `spec.schedulingGroup` pods
-//! with a message); wiring it in is the next step. `simulate` uses it.
+//! all back. The daemon (`src/run/groups.rs`) and `simulate` use it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::AtomicBool;
@@ -140,6 +148,9 @@ struct Demand {
     least: Vec<u64>,
     /// Per shape, per node name, free devices.
     supply: Vec<Option<BTreeMap<String, u64>>>,
+    /// Members share a claim not allocated yet: the first member to use it chooses its
+    /// devices, and so the node of every other member that uses it.
+    shared: bool,
 }
 
 impl Engine {
@@ -213,6 +224,7 @@ impl Engine {
             budget,
             deadline,
             cancel,
+            pod_group: group,
         };
 
         if topology.is_empty() {
@@ -249,9 +261,57 @@ impl Engine {
                 pending,
                 domain: None,
             }),
+            Err(Failure::Unschedulable(message)) if demand.shared => self
+                .place_on_one_node(key, ordered, demand, context)
+                .unwrap_or_else(|| unschedulable(key, message)),
             Err(Failure::Unschedulable(message)) => unschedulable(key, message),
             Err(Failure::Error(message)) => error(key, message),
         }
+    }
+
+    /// Members sharing a claim that is not allocated yet: where the first member went, its
+    /// devices (and so every member that shares them) went too, and the others may not fit
+    /// there. Try the whole group on one node at a time, the nodes with the most free
+    /// devices of the kinds asked for first, within the budget. `None` when no node works.
+    fn place_on_one_node(
+        &mut self,
+        key: &ObjectKey,
+        ordered: &[ObjectKey],
+        demand: &Demand,
+        context: &Context<'_>,
+    ) -> Option<GroupDecision> {
+        let mut nodes: Vec<(u64, String)> = self
+            .state()
+            .nodes
+            .values()
+            .map(|n| {
+                let only = BTreeSet::from([n.name().to_string()]);
+                (demand.free(Some(&only)), n.name().to_string())
+            })
+            .collect();
+        nodes.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        for (_, node) in nodes {
+            if Instant::now() >= context.deadline {
+                return None;
+            }
+            let only = BTreeSet::from([node]);
+            if context.gang && demand.impossible(context.required, Some(&only)).is_some() {
+                continue;
+            }
+            match self.place(ordered, Some(&only), context) {
+                Ok((placements, pending)) => {
+                    return Some(GroupDecision::Scheduled(GroupPlacement {
+                        group: key.clone(),
+                        placements,
+                        pending,
+                        domain: None,
+                    }));
+                }
+                Err(Failure::Error(message)) => return Some(error(key, message)),
+                Err(Failure::Unschedulable(_)) => {}
+            }
+        }
+        None
     }
 
     /// The topology domains: nodes grouped by their values of every key (nodes lacking a
@@ -403,6 +463,7 @@ impl Engine {
         let mut per_member: Vec<Vec<(usize, u64)>> = Vec::new();
         let mut least: Vec<u64> = Vec::new();
         let mut seen: BTreeSet<ObjectKey> = BTreeSet::new();
+        let mut shared = false;
         for key in members {
             let pod = &self.state().pods[key];
             let keys = claims::of_pod(pod, self.state())
@@ -411,6 +472,8 @@ impl Engine {
             let mut fewest = 0;
             for claim_key in keys {
                 if !seen.insert(claim_key.clone()) {
+                    let claim = &self.state().claims[&claim_key];
+                    shared |= claims::allocation(claim).is_none();
                     continue;
                 }
                 let claim = &self.state().claims[&claim_key];
@@ -496,6 +559,7 @@ impl Engine {
             })
             .collect();
         Ok(Demand {
+            shared,
             shapes,
             per_member,
             least,
@@ -536,7 +600,8 @@ impl Engine {
                 group: true,
             };
             match self.schedule_scoped(key, left, cx.cancel, scope) {
-                Decision::Scheduled(p) => {
+                Decision::Scheduled(mut p) => {
+                    self.reserve_for_group(cx.pod_group, &mut p);
                     self.assume(&p);
                     placed.push(p);
                 }
@@ -623,7 +688,8 @@ impl Engine {
             let decision = self.schedule_scoped(key, left, cx.cancel, scope);
             let revised = self.take_revised();
             match decision {
-                Decision::Scheduled(p) => {
+                Decision::Scheduled(mut p) => {
+                    self.reserve_for_group(cx.pod_group, &mut p);
                     for &j in &mates {
                         let mut mate = placed[j].clone();
                         for claim in mate.claims.iter_mut().filter(|c| c.allocation.is_some()) {
@@ -654,6 +720,61 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// A member's claims that its PodGroup lists in `spec.resourceClaims` (the same name,
+    /// and the same claim or template, as upstream's `resourceclaim.BindTo` matches them)
+    /// are reserved for the PodGroup, shared by the members that use them.
+    fn reserve_for_group(&self, group: &PodGroup, placement: &mut Placement) {
+        let Some(pod) = self.state().pods.get(&placement.pod) else {
+            return;
+        };
+        let keys = group_claims_of(group, pod);
+        if keys.is_empty() {
+            return;
+        }
+        let consumer = claims::pod_group_consumer(
+            group.metadata.name.as_deref().unwrap_or_default(),
+            group.metadata.uid.as_deref(),
+        );
+        for decision in placement.claims.iter_mut() {
+            if keys.contains(&decision.key.name) {
+                decision.consumer = Some(consumer.clone());
+            }
+        }
+    }
+}
+
+/// The names of the pod's claims that stand for claims of its PodGroup.
+fn group_claims_of(group: &PodGroup, pod: &Pod) -> BTreeSet<String> {
+    let listed = group.spec.resource_claims.as_deref().unwrap_or_default();
+    let pod_claims = pod.spec.as_ref().and_then(|s| s.resource_claims.as_deref());
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_deref())
+        .unwrap_or_default();
+    let mut names = BTreeSet::new();
+    for pc in pod_claims.unwrap_or_default() {
+        let of_group = listed.iter().any(|g| {
+            g.name == pc.name
+                && g.resource_claim_name == pc.resource_claim_name
+                && g.resource_claim_template_name == pc.resource_claim_template_name
+        });
+        if !of_group {
+            continue;
+        }
+        let name = match &pc.resource_claim_name {
+            Some(name) => Some(name.clone()),
+            None => statuses
+                .iter()
+                .find(|s| s.name == pc.name)
+                .and_then(|s| s.resource_claim_name.clone()),
+        };
+        names.extend(name);
+    }
+    names
+}
+
 /// What one try of a group needs.
 struct Context<'a> {
     /// Members to place at once (gang: minCount less those bound).
@@ -663,6 +784,8 @@ struct Context<'a> {
     budget: Duration,
     deadline: Instant,
     cancel: Option<&'a AtomicBool>,
+    /// The PodGroup: its `spec.resourceClaims` are reserved for it, not for the members.
+    pod_group: &'a PodGroup,
 }
 
 impl Demand {
@@ -733,12 +856,6 @@ impl Demand {
 /// implement (or that is invalid), by name.
 fn policy_of(group: &PodGroup) -> Result<(Policy, Vec<String>), String> {
     let spec = &group.spec;
-    if spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()) {
-        return Err(
-            "spec.resourceClaims: PodGroup ResourceClaims (DRAWorkloadResourceClaims) are not supported by dra-scheduler yet"
-                .into(),
-        );
-    }
     if spec.parent_composite_pod_group_name.is_some() {
         return Err(
             "spec.parentCompositePodGroupName: composite PodGroups are not supported by dra-scheduler yet"

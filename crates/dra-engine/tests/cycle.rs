@@ -452,8 +452,8 @@ fn a_pod_of_a_pod_group_is_refused_not_placed_alone() {
     assert_eq!(
         e.schedule(&key("member")).message(),
         Some(
-            "0/1 nodes are available: spec.schedulingGroup: PodGroup (gang) scheduling is not \
-             supported by dra-scheduler yet."
+            "0/1 nodes are available: spec.schedulingGroup: a member of a PodGroup is \
+             scheduled with its group, not alone."
         )
     );
 }

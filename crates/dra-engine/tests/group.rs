@@ -475,21 +475,10 @@ fn a_rack_constrained_gang_goes_to_the_rack_where_it_fits_best() {
 }
 
 #[test]
-fn podgroup_resource_claims_and_composite_groups_are_refused_by_name() {
+fn composite_groups_are_refused_by_name() {
     let mut input = four_nodes([2, 2, 2, 2]);
     input.pods.truncate(1);
     let mut e = engine(input);
-    let shared = pod_group(
-        "train",
-        json!({"schedulingPolicy": {"gang": {"minCount": 1}},
-            "resourceClaims": [{"name": "fabric", "resourceClaimName": "fabric"}]}),
-    );
-    assert_eq!(
-        e.schedule_group(&shared, &keys(&["p1"])).message(),
-        Some(
-            "PodGroup default/train: spec.resourceClaims: PodGroup ResourceClaims (DRAWorkloadResourceClaims) are not supported by dra-scheduler yet"
-        )
-    );
     let child = pod_group(
         "train",
         json!({"schedulingPolicy": {"gang": {"minCount": 1}}, "parentCompositePodGroupName": "job"}),
@@ -501,6 +490,120 @@ fn podgroup_resource_claims_and_composite_groups_are_refused_by_name() {
         )
     );
     assert_eq!(bound_pods(&e), 0);
+}
+
+/// A member using claim `own` for its GPU and, under the entry name `entry`, the claim
+/// `fabric` (the PodGroup lists `fabric` under the entry name `fabric`).
+fn fabric_member(name: &str, own: &str, entry: &str) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")}, "spec": {
+        "schedulerName": "dra-scheduler", "schedulingGroup": {"podGroupName": "train"},
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": own},
+                           {"name": entry, "resourceClaimName": "fabric"}],
+        "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"},
+            "claims": [{"name": "gpu"}, {"name": entry}]}}]}}))
+    .unwrap()
+}
+
+#[test]
+fn a_claim_the_podgroup_lists_is_allocated_once_reserved_for_the_group_and_shared_on_one_node() {
+    let input = ClusterInput {
+        nodes: vec![node("n1", json!({})), node("n2", json!({}))],
+        classes: vec![class()],
+        // 3 GPUs a node: the fabric device and one for each member.
+        slices: vec![h100s("n1", 3), h100s("n2", 3)],
+        claims: vec![claim("c1", 1), claim("c2", 1), claim("fabric", 1)],
+        pods: vec![
+            fabric_member("p1", "c1", "fabric"),
+            fabric_member("p2", "c2", "fabric"),
+        ],
+        ..Default::default()
+    };
+    let mut e = engine(input);
+    let group: PodGroup = serde_json::from_value(json!({
+        "metadata": {"name": "train", "namespace": "default", "uid": "uid-train"},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 2}},
+                 "resourceClaims": [{"name": "fabric", "resourceClaimName": "fabric"}]}}))
+    .unwrap();
+    let placed_group = scheduled(e.schedule_group(&group, &keys(&["p1", "p2"])));
+    let placed = placed(&placed_group);
+    assert_eq!(placed.len(), 2);
+    assert_eq!(
+        placed[0].1, placed[1].1,
+        "the shared device holds both on one node: {placed:?}"
+    );
+    let fabric: Vec<_> = placed_group
+        .placements
+        .iter()
+        .flat_map(|p| p.claims.iter().filter(|c| c.key.name == "fabric"))
+        .collect();
+    assert_eq!(fabric.len(), 2);
+    assert_eq!(
+        fabric.iter().filter(|c| c.allocation.is_some()).count(),
+        1,
+        "allocated once"
+    );
+    for decision in &fabric {
+        let consumer = decision
+            .consumer
+            .as_ref()
+            .expect("reserved for the PodGroup");
+        assert_eq!(
+            (
+                consumer.api_group.as_deref(),
+                consumer.resource.as_str(),
+                consumer.name.as_str(),
+                consumer.uid.as_str()
+            ),
+            (Some("scheduling.k8s.io"), "podgroups", "train", "uid-train")
+        );
+    }
+    e.assume_group(&placed_group);
+    let claim = &e.state().claims[&ObjectKey::new("default", "fabric")];
+    let reserved = claim.status.as_ref().unwrap().reserved_for.clone().unwrap();
+    assert_eq!(reserved.len(), 1, "one entry, the PodGroup's: {reserved:?}");
+    assert_eq!(reserved[0].resource, "podgroups");
+    let own = &e.state().claims[&ObjectKey::new("default", "c1")];
+    let own_reserved = own.status.as_ref().unwrap().reserved_for.clone().unwrap();
+    assert_eq!(
+        (
+            own_reserved[0].resource.as_str(),
+            own_reserved[0].uid.as_str()
+        ),
+        ("pods", "uid-p1")
+    );
+    e.forget_group(&placed_group);
+    let claim = &e.state().claims[&ObjectKey::new("default", "fabric")];
+    let status = claim.status.clone().unwrap_or_default();
+    assert!(status.allocation.is_none(), "given back");
+    assert!(status.reserved_for.unwrap_or_default().is_empty());
+}
+
+#[test]
+fn a_claim_used_under_another_entry_name_than_the_podgroups_is_the_pods_own() {
+    let input = ClusterInput {
+        nodes: vec![node("n1", json!({}))],
+        classes: vec![class()],
+        slices: vec![h100s("n1", 2)],
+        claims: vec![claim("c1", 1), claim("fabric", 1)],
+        pods: vec![fabric_member("p1", "c1", "net")],
+        ..Default::default()
+    };
+    let mut e = engine(input);
+    let group: PodGroup = serde_json::from_value(json!({
+        "metadata": {"name": "train", "namespace": "default", "uid": "uid-train"},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 1}},
+                 "resourceClaims": [{"name": "fabric", "resourceClaimName": "fabric"}]}}))
+    .unwrap();
+    let placed_group = scheduled(e.schedule_group(&group, &keys(&["p1"])));
+    let fabric = placed_group.placements[0]
+        .claims
+        .iter()
+        .find(|c| c.key.name == "fabric")
+        .unwrap();
+    assert!(
+        fabric.consumer.is_none(),
+        "upstream's BindTo matches the entry name too"
+    );
 }
 
 #[test]

@@ -244,6 +244,7 @@ impl<'a> PluginCycle for DraCycle<'a> {
                     allocation: None,
                     create: false,
                     extended_mappings: Vec::new(),
+                    consumer: None,
                 });
                 continue;
             }
@@ -254,6 +255,7 @@ impl<'a> PluginCycle for DraCycle<'a> {
                 allocation: if allocated { None } else { allocations.next() },
                 create: false,
                 extended_mappings: Vec::new(),
+                consumer: None,
             });
         }
         if devices.ext_claim {
@@ -265,6 +267,7 @@ impl<'a> PluginCycle for DraCycle<'a> {
                 allocation: allocations.next(),
                 create: true,
                 extended_mappings,
+                consumer: None,
             });
         }
         Status::success()
