@@ -175,7 +175,7 @@ impl Engine {
             Ok(p) => p,
             Err(message) => return unschedulable(message),
         };
-        if let Err(message) = self.check_members(&key, members) {
+        if let Err(message) = self.check_members(&key, group.spec.priority, members) {
             return error(message);
         }
         let bound = self.bound_members(&key);
@@ -422,8 +422,16 @@ impl Engine {
         }
     }
 
-    /// Every member exists, is pending and names the group.
-    fn check_members(&self, group: &ObjectKey, members: &[ObjectKey]) -> Result<(), String> {
+    /// Every member exists, is pending and names the group; all have the group's priority
+    /// (the PodGroup's `spec.priority` where set, else the first member's), as
+    /// kube-scheduler requires, so that the group has one place in the queue.
+    fn check_members(
+        &self,
+        group: &ObjectKey,
+        priority: Option<i32>,
+        members: &[ObjectKey],
+    ) -> Result<(), String> {
+        let mut priority = priority;
         let mut seen = BTreeSet::new();
         for key in members {
             let pod = self
@@ -441,6 +449,15 @@ impl Engine {
                 return Err(format!(
                     "pod {key} does not name the PodGroup in spec.schedulingGroup.podGroupName"
                 ));
+            }
+            let own = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+            match *priority.get_or_insert(own) {
+                p if p == own => {}
+                p => {
+                    return Err(format!(
+                        "all its pods must have the group's priority {p}; pod {key} has {own}"
+                    ));
+                }
             }
         }
         Ok(())

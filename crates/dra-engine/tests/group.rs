@@ -639,3 +639,58 @@ fn a_group_out_of_budget_says_so() {
         )
     );
 }
+
+#[test]
+fn a_gang_packs_onto_the_fewest_nodes_and_leaves_the_big_node_whole_for_the_next_group() {
+    let input = ClusterInput {
+        nodes: ["n1", "n2", "n3"]
+            .iter()
+            .map(|n| node(n, json!({})))
+            .collect(),
+        classes: vec![class()],
+        // n1 and n2 have 8 GPUs, n3 has 4.
+        slices: vec![h100s("n1", 8), h100s("n2", 8), h100s("n3", 4)],
+        claims: (1..=4).map(|i| claim(&format!("c{i}"), 2)).collect(),
+        pods: (1..=4)
+            .map(|i| member(&format!("p{i}"), "train", &format!("c{i}")))
+            .collect(),
+        ..Default::default()
+    };
+    let mut e = engine(input);
+    // Two pods of 2: both on n3, the node they fill, not one on each of two big nodes.
+    let small = scheduled(e.schedule_group(&gang("train", 2), &keys(&["p1", "p2"])));
+    let nodes: Vec<String> = placed(&small).into_iter().map(|(_, n, _)| n).collect();
+    assert_eq!(nodes, ["n3", "n3"]);
+    e.assume_group(&small);
+    // The next two pods of 2 go together onto one of the 8-GPU nodes, the other stays whole.
+    let next = scheduled(e.schedule_group(&gang("train", 4), &keys(&["p3", "p4"])));
+    let nodes: Vec<String> = placed(&next).into_iter().map(|(_, n, _)| n).collect();
+    assert_eq!(nodes.len(), 2);
+    assert_eq!(nodes[0], nodes[1], "one node, not two: {nodes:?}");
+}
+
+#[test]
+fn members_of_another_priority_than_the_group_are_an_error_that_names_them() {
+    let mut input = four_nodes([2, 2, 2, 2]);
+    input.pods[1].spec.as_mut().unwrap().priority = Some(100);
+    let mut e = engine(input);
+    let decision = e.schedule_group(&gang("train", 2), &keys(&["p1", "p2"]));
+    assert!(
+        matches!(decision, GroupDecision::Error { .. }),
+        "{decision:?}"
+    );
+    assert_eq!(
+        decision.message(),
+        Some(
+            "PodGroup default/train: all its pods must have the group's priority 0; pod default/p2 has 100"
+        )
+    );
+    let with_priority = pod_group(
+        "train",
+        json!({"schedulingPolicy": {"gang": {"minCount": 1}}, "priority": 100}),
+    );
+    assert!(matches!(
+        e.schedule_group(&with_priority, &keys(&["p2"])),
+        GroupDecision::Scheduled(_)
+    ));
+}
