@@ -1,7 +1,10 @@
 //! One PodGroup decision (`Engine::schedule_group`), from the group to its placements:
 //! an 8-pod gang of 8 GPUs each on 500 nodes of 8 GPUs (placed), the same gang when only 7
 //! nodes have all 8 free (refused by the counting bound before any search), and the
-//! kubernetes/kubernetes#138765 pair that needs an earlier member's devices chosen again.
+//! kubernetes/kubernetes#138765 pair that needs an earlier member's devices chosen again;
+//! and a 64-pod gang of 2 GPUs each that must fit in one rack
+//! (`schedulingConstraints.topology`) of a 512-node fleet in 32 racks of 16 nodes of 8 GPUs,
+//! every rack free, or all but the last with a GPU in use.
 //! `cargo bench -p dra-engine --bench group`.
 
 use std::time::Duration;
@@ -97,6 +100,72 @@ fn fleet(nodes: usize, busy: usize) -> (Engine, Vec<ObjectKey>) {
     (engine, members)
 }
 
+/// The label kube-scheduler's TopologyPlacementGenerator and our engine group nodes by (as
+/// in examples/gang-rack).
+const RACK: &str = "topology.kubernetes.io/rack";
+
+/// 512 nodes of 8 GPUs in 32 racks of 16 (`rack-00` ... `rack-31`); in each of the first
+/// `busy_racks` racks one GPU is in use; and a 64-pod gang of 2 GPUs each, which fills a
+/// whole rack.
+fn rack_fleet(busy_racks: usize) -> (Engine, Vec<ObjectKey>) {
+    let mut input = ClusterInput {
+        classes: vec![class()],
+        ..Default::default()
+    };
+    for i in 0..512 {
+        let name = format!("n{i:03}");
+        let mut n = node(&name);
+        n.metadata.labels = Some(
+            [
+                (RACK.to_string(), format!("rack-{:02}", i / 16)),
+                ("kubernetes.io/hostname".to_string(), name.clone()),
+            ]
+            .into(),
+        );
+        input.nodes.push(n);
+        input.slices.push(slice(&name, &["H100"; 8]));
+    }
+    let two = json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": 2}}]);
+    let mut members = Vec::new();
+    for i in 0..64 {
+        let name = format!("w{i:02}");
+        input.claims.push(claim(&name, two.clone()));
+        input.pods.push(member(&name, &name));
+        members.push(ObjectKey::new("default", name));
+    }
+    let mut engine = Engine::new(EngineConfig::default(), input);
+    let one = json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]);
+    for rack in 0..busy_racks {
+        let name = format!("busy{rack}");
+        let mut pod = member(&name, &name);
+        let spec = pod.spec.as_mut().unwrap();
+        spec.scheduling_group = None;
+        spec.node_selector = Some(
+            [(
+                "kubernetes.io/hostname".to_string(),
+                format!("n{:03}", rack * 16),
+            )]
+            .into(),
+        );
+        engine.upsert_claim(claim(&name, one.clone()));
+        engine.upsert_pod(pod);
+        let key = ObjectKey::new("default", name);
+        let decision = engine.schedule(&key);
+        let dra_engine::Decision::Scheduled(p) = decision else {
+            panic!("{decision:?}")
+        };
+        engine.assume(&p);
+    }
+    (engine, members)
+}
+
+fn rack_gang(min_count: i32) -> PodGroup {
+    serde_json::from_value(json!({"metadata": {"name": "g", "namespace": "default"},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}},
+            "schedulingConstraints": {"topology": [{"key": RACK}]}}}))
+    .unwrap()
+}
+
 fn group_decisions(c: &mut Criterion) {
     let mut group = c.benchmark_group("podgroup");
     group
@@ -157,6 +226,26 @@ fn group_decisions(c: &mut Criterion) {
             assert_eq!(decision.placements().len(), 2);
         })
     });
+
+    for (busy_racks, rack, what) in [
+        (0, "rack-00", "every rack free"),
+        (31, "rack-31", "31 racks with a GPU in use"),
+    ] {
+        let (mut engine, members) = rack_fleet(busy_racks);
+        let name =
+            format!("64 pods x 2 GPUs in one rack of 16 nodes, 512 nodes in 32 racks, {what}");
+        let domain = format!("{RACK}={rack}");
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let decision = engine.schedule_group(&rack_gang(64), &members);
+                let GroupDecision::Scheduled(p) = &decision else {
+                    panic!("{decision:?}")
+                };
+                assert_eq!(p.placements.len(), 64);
+                assert_eq!(p.domain.as_deref(), Some(domain.as_str()));
+            })
+        });
+    }
     group.finish();
 }
 
