@@ -1123,7 +1123,11 @@ fn config(rng: &mut Rng) -> Value {
     let weighted: Vec<Value> = rng
         .some(&scores, 0, 3)
         .into_iter()
-        .map(|name| json!({"name": name, "weight": rng.range(1, 10)}))
+        .map(|name| match rng.range(0, 4) {
+            // A weight left out or 0 is 1 in kube-scheduler.
+            0 => json!({"name": name}),
+            _ => json!({"name": name, "weight": rng.range(0, 10)}),
+        })
         .collect();
     let disabled: Vec<Value> = rng
         .some(&scores, 0, 2)

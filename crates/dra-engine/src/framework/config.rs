@@ -196,8 +196,11 @@ fn enable(
     };
     let entry = &mut profile.plugins[index];
     entry.points.extend(wanted);
-    if let Some(w) = weight {
-        entry.weight = w;
+    // kube-scheduler takes a score plugin's weight from its entry at score (else at
+    // multiPoint), and a weight left out or 0 counts as 1 (getValidScoreWeights); an entry
+    // at another point leaves the weight as it was.
+    if points.contains(&Point::Score) && matches!(point, None | Some(Point::Score)) {
+        entry.weight = weight.filter(|w| *w > 0).unwrap_or(1);
     }
     Ok(())
 }
@@ -545,6 +548,29 @@ mod tests {
         );
         assert_eq!(p.args.node_resources_fit.resources, vec![("cpu".into(), 2)]);
         assert_eq!(config.filter_timeout, Some(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn a_score_plugin_enabled_without_a_weight_or_with_0_weighs_1_as_upstream() {
+        let weight = |plugins: Value, name: &str| {
+            let config = profile_config(&json!({ "plugins": plugins }), "profiles[0]").unwrap();
+            entry(&config.profile, name).unwrap().weight
+        };
+        let score = |p: Value| json!({"score": {"enabled": [p]}});
+        assert_eq!(
+            weight(score(json!({"name": "NodeAffinity"})), "NodeAffinity"),
+            1
+        );
+        let zero = json!({"name": "TaintToleration", "weight": 0});
+        assert_eq!(weight(score(zero), "TaintToleration"), 1);
+        let multi = json!({"multiPoint": {"enabled": [{"name": "InterPodAffinity"}]}});
+        assert_eq!(weight(multi, "InterPodAffinity"), 1);
+        // The entry at score wins over multiPoint's; another point keeps the default's.
+        let both = json!({"multiPoint": {"enabled": [{"name": "NodeAffinity", "weight": 5}]},
+                          "score": {"enabled": [{"name": "NodeAffinity"}]}});
+        assert_eq!(weight(both, "NodeAffinity"), 1);
+        let pre_score = json!({"preScore": {"enabled": [{"name": "NodeAffinity"}]}});
+        assert_eq!(weight(pre_score, "NodeAffinity"), 2);
     }
 
     #[test]

@@ -24,6 +24,7 @@
 //! | DefaultPreemption | PostFilter | not yet (#17): a pod that does not fit waits; nothing is evicted |
 //! | NodeDeclaredFeatures | PreFilter, Filter | as upstream: all three features a new pod can need are inferred |
 //! | GangScheduling, TopologyPlacementGenerator, PodGroupPodsCount | | behind gates that are off by default in 1.37; not yet (#16) |
+//! | DeferredPodScheduling | PreFilter, Filter, Permit | behind InPlacePodVerticalScalingSchedulerPreemption, alpha and off by default in 1.37; not implemented (enabling it is an error) |
 //!
 //! Two plugins of this scheduler's own score device placements, for pods with claims:
 //! NUMAAlignment (fewer whole free NUMA domains broken into) and DevicePacking (fewer free
