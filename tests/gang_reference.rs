@@ -1,10 +1,12 @@
 //! The gang examples (PodGroups named in `pod.spec.schedulingGroup`) applied to a real
 //! Kubernetes 1.37 control plane whose kube-scheduler has the workload-aware plugins on
 //! (GangScheduling, TopologyPlacementGenerator: the gates `tests/cluster/cluster.sh` sets),
-//! against `simulate` on the same manifests: every group kube-scheduler places, simulate
-//! places too; where kube-scheduler refuses a group that fits (kubernetes/kubernetes#138765,
-//! its first-fit device choice is never revisited) simulate places it; and the real API
-//! server accepts simulate's allocations as claim status.
+//! against `simulate` and the live `dra-scheduler run` (on a control plane of its own) on
+//! the same manifests: every group kube-scheduler places, both place too; where
+//! kube-scheduler refuses a group that fits (kubernetes/kubernetes#138765, its first-fit
+//! device choice is never revisited) both place it; the live scheduler places what
+//! simulate places; and the real API server accepts simulate's allocations as claim status
+//! (and the live scheduler's, which it wrote itself).
 //!
 //! `cargo test --test gang_reference -- --nocapture` prints the table.
 
@@ -21,6 +23,8 @@ use k8s_openapi::api::scheduling::v1beta1::PodGroup;
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client};
 use test_cluster::{TestCluster, server_message};
+
+mod common;
 
 /// An example, and the groups kube-scheduler 1.37 is known to refuse although they fit,
 /// with what its messages say.
@@ -52,6 +56,10 @@ const CASES: &[Case] = &[
     },
     Case {
         example: "gang-rack",
+        refused_by_kube_scheduler: &[],
+    },
+    Case {
+        example: "gang-shared-claim",
         refused_by_kube_scheduler: &[],
     },
 ];
@@ -112,6 +120,7 @@ fn as_json(object: &Object) -> serde_json::Value {
         Object::Pod(o) => serde_json::to_value(o),
         Object::Job(o) => serde_json::to_value(o),
         Object::ResourceClaimTemplate(o) => serde_json::to_value(o),
+        Object::ResourceClaim(o) => serde_json::to_value(o),
         Object::DeviceClass(o) => serde_json::to_value(o),
         Object::ResourceSlice(o) => serde_json::to_value(o),
         Object::Workload(o) => serde_json::to_value(o),
@@ -316,13 +325,15 @@ async fn api_server_accepts_allocations(cluster: &TestCluster, sim: &Simulation,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn simulate_places_every_gang_kube_scheduler_places_and_the_ones_it_cannot() {
+async fn simulate_and_the_live_scheduler_place_every_gang_kube_scheduler_places_and_the_ones_it_cannot()
+ {
     // GANG_EXAMPLES=a,b runs only those examples (for debugging one of them).
     let only = std::env::var("GANG_EXAMPLES").ok();
     let mut rows = vec![[
         "case".to_string(),
         "kube-scheduler 1.37.2".to_string(),
         "dra-scheduler simulate".to_string(),
+        "dra-scheduler run".to_string(),
     ]];
     let mut notes = Vec::new();
     for case in CASES {
@@ -343,6 +354,19 @@ async fn simulate_places_every_gang_kube_scheduler_places_and_the_ones_it_cannot
         let reference = apply_group_by_group(&cluster, &client, &dir).await;
         let sim = simulate_example(&dir);
         let ours = simulated_outcomes(&sim);
+        api_server_accepts_allocations(&cluster, &sim, case.example).await;
+        drop(cluster);
+        // The live scheduler, on a control plane of its own, gets the same manifests in the
+        // same order.
+        let live_cluster = TestCluster::dedicated();
+        let _daemon = common::start_scheduler_with(&live_cluster, &["--leader-elect=false"]);
+        let live_client = live_cluster.client().await;
+        let live: BTreeMap<String, Outcome> =
+            apply_group_by_group(&live_cluster, &live_client, &dir)
+                .await
+                .into_iter()
+                .collect();
+        drop(live_cluster);
 
         let mut groups: Vec<&String> = reference.iter().map(|(g, _)| g).collect();
         groups.sort();
@@ -367,8 +391,18 @@ async fn simulate_places_every_gang_kube_scheduler_places_and_the_ones_it_cannot
                 theirs.placed,
                 ours.placed
             );
+            let live = &live[group];
+            assert_eq!(
+                live.placed, ours.placed,
+                "{}: simulate placed {} of {group}'s pods, the live scheduler {}\n\
+                 simulate: {ours:?}\nlive: {live:?}",
+                case.example, ours.placed, live.placed
+            );
             let label = format!("{}/{group}", case.example);
-            rows.push([label.clone(), theirs.cell(), ours.cell()]);
+            rows.push([label.clone(), theirs.cell(), ours.cell(), live.cell()]);
+            for m in &live.messages {
+                notes.push(format!("{label}: dra-scheduler run: {m}"));
+            }
             for m in &theirs.messages {
                 notes.push(format!("{label}: kube-scheduler: {m}"));
             }
@@ -396,13 +430,11 @@ async fn simulate_places_every_gang_kube_scheduler_places_and_the_ones_it_cannot
                 "{label}: simulate places the whole group: {ours:?}"
             );
         }
-        api_server_accepts_allocations(&cluster, &sim, case.example).await;
-        drop(cluster);
     }
     let width = |i: usize| rows.iter().map(|r| r[i].len()).max().unwrap_or(0);
-    let (a, b) = (width(0), width(1));
+    let (a, b, c) = (width(0), width(1), width(2));
     for row in &rows {
-        println!("{:a$}  {:b$}  {}", row[0], row[1], row[2]);
+        println!("{:a$}  {:b$}  {:c$}  {}", row[0], row[1], row[2], row[3]);
     }
     for note in &notes {
         println!("{note}");
