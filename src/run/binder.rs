@@ -22,9 +22,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, ResourceClaim, ResourceClaimConsumerReference,
-};
+use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -76,12 +74,6 @@ pub fn stamp_allocation(allocation: &mut AllocationResult, now: k8s_openapi::jif
     if waits && allocation.allocation_timestamp.is_none() {
         allocation.allocation_timestamp = Some(Time(now));
     }
-}
-
-/// Whether a `reservedFor` entry is `me` (by UID, as the engine decides:
-/// `dra_engine::claims`).
-fn is_me(entry: &ResourceClaimConsumerReference, me: &ResourceClaimConsumerReference) -> bool {
-    claims::is_consumer(entry, me)
 }
 
 fn resource_version(claim: &ResourceClaim) -> Option<&str> {
@@ -215,12 +207,10 @@ async fn write_claim(
                 decision.key
             ));
         }
-        let status = claim.status.clone().unwrap_or_default();
-        let mut reserved = status.reserved_for.unwrap_or_default();
+        let mut status = claim.status.clone().unwrap_or_default();
         let mut patch = json!({"status": {}});
-        if !reserved.iter().any(|r| is_me(r, &me)) {
-            reserved.push(me.clone());
-            patch["status"]["reservedFor"] = json!(reserved);
+        if claims::reserve(&mut status, &me) {
+            patch["status"]["reservedFor"] = json!(status.reserved_for);
         }
         if let Some(allocation) = &decision.allocation
             && current.is_none()
@@ -304,18 +294,15 @@ async fn unwind_claim(
             Err(e) => return Err(failed(e)),
         };
         let status = claim.status.clone().unwrap_or_default();
-        let reserved = status.reserved_for.unwrap_or_default();
-        let others: Vec<_> = reserved
-            .iter()
-            .filter(|r| !is_me(r, &me))
-            .cloned()
-            .collect();
+        let mut after = status.clone();
+        let removed = claims::unreserve(&mut after, &me);
+        let others = after.reserved_for.unwrap_or_default();
         let ours = match (&decision.allocation, &status.allocation) {
             (Some(mine), Some(current)) => claims::same_devices(mine, current),
             _ => false,
         };
         let mut patch = json!({"status": {}});
-        if others.len() != reserved.len() {
+        if removed {
             patch["status"]["reservedFor"] = if others.is_empty() {
                 serde_json::Value::Null
             } else {
@@ -946,9 +933,7 @@ pub async fn release_claim(
         let Some(status) = current.status.as_ref() else {
             return Ok(false);
         };
-        let reserved = claims::reserved_for(&current);
-        let only_this_pod =
-            reserved.is_empty() || (reserved.len() == 1 && reserved[0].uid == pod_uid);
+        let only_this_pod = claims::reserved_only_for(&current, "", Some(pod_uid));
         if status.allocation.is_none() || !only_this_pod {
             return Ok(false);
         }

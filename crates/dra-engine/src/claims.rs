@@ -69,6 +69,16 @@ pub fn is_reserved_for(claim: &ResourceClaim, name: &str, uid: Option<&str>) -> 
     reserved_for(claim).iter().any(|r| is_pod(r, name, uid))
 }
 
+/// Whether the claim is reserved for nobody, or for this pod alone: nobody else would
+/// lose its devices if they were given back.
+pub fn reserved_only_for(claim: &ResourceClaim, name: &str, uid: Option<&str>) -> bool {
+    match reserved_for(claim) {
+        [] => true,
+        [only] => is_pod(only, name, uid),
+        _ => false,
+    }
+}
+
 pub fn reserved_for(claim: &ResourceClaim) -> &[ResourceClaimConsumerReference] {
     claim
         .status
@@ -233,10 +243,9 @@ pub fn to_release(pod: &Pod, state: &ClusterState) -> Option<ObjectKey> {
         return None;
     }
     let uid = pod.metadata.uid.as_deref()?;
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
     of_pod(pod, state).ok()?.into_iter().find(|key| {
         let claim = &state.claims[key];
-        let reserved = reserved_for(claim);
-        allocation(claim).is_some()
-            && (reserved.is_empty() || (reserved.len() == 1 && reserved[0].uid == uid))
+        allocation(claim).is_some() && reserved_only_for(claim, name, Some(uid))
     })
 }
