@@ -31,10 +31,10 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use k8s_openapi::api::scheduling::v1beta1::PodGroup;
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
+use k8s_openapi::api::scheduling::v1beta1::PodGroup;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
@@ -408,7 +408,7 @@ impl Scenario {
             Scenario::Gang => {
                 t.create::<PodGroup>(json!({"metadata": {"name": "lp-gang"},
                     "spec": {"schedulingPolicy": {"gang": {"minCount": 1}}}}))
-                .await;
+                    .await;
                 t.create::<Pod>(pod(
                     self.pod(),
                     json!({"schedulingGroup": {"podGroupName": "lp-gang"}}),
@@ -487,9 +487,11 @@ impl Scenario {
                 let groups: Api<PodGroup> = t.ns.api();
                 eventually("the PodGroup's scheduled condition", 60, || async {
                     let group = groups.get("lp-gang").await.ok()?;
-                    group.status?.conditions?.into_iter().find(|c| {
-                        c.type_ == "PodGroupInitiallyScheduled" && c.status == "True"
-                    })
+                    group
+                        .status?
+                        .conditions?
+                        .into_iter()
+                        .find(|c| c.type_ == "PodGroupInitiallyScheduled" && c.status == "True")
                 })
                 .await;
             }

@@ -117,7 +117,9 @@ fn client_connection(out: &mut Translated, v: &Value) -> Result<(), String> {
             "qps" => out.client_qps = Some(value.as_f64().ok_or(format!("{here}: a number"))?),
             "burst" => {
                 let burst = value.as_u64().ok_or(format!("{here}: a whole number"))?;
-                out.client_burst = Some(burst as u32);
+                let burst =
+                    u32::try_from(burst).map_err(|_| format!("{here}: {burst} is too large"))?;
+                out.client_burst = Some(burst);
             }
             "acceptContentTypes" | "contentType" => {
                 let text = value.as_str().unwrap_or_default();
@@ -131,6 +133,14 @@ fn client_connection(out: &mut Translated, v: &Value) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A string setting, or an error that names it.
+fn text(value: &Value, here: &str) -> Result<String, String> {
+    value
+        .as_str()
+        .map(str::to_string)
+        .ok_or(format!("{here}: must be a string"))
 }
 
 fn leader_election(out: &mut Translated, v: &Value) -> Result<(), String> {
@@ -148,7 +158,9 @@ fn leader_election(out: &mut Translated, v: &Value) -> Result<(), String> {
     for (key, value) in object {
         let here = format!("leaderElection.{key}");
         match key.as_str() {
-            "leaderElect" => out.leader_elect = value.as_bool(),
+            "leaderElect" => {
+                out.leader_elect = Some(value.as_bool().ok_or(format!("{here}: true or false"))?)
+            }
             "leaseDuration" => out.lease_duration_seconds = Some(seconds(value, &here)?),
             "renewDeadline" => out.renew_deadline_seconds = Some(seconds(value, &here)?),
             "retryPeriod" => out.retry_period_seconds = Some(seconds(value, &here)?),
@@ -157,8 +169,8 @@ fn leader_election(out: &mut Translated, v: &Value) -> Result<(), String> {
                     return Err(format!("{here}: only leases is supported"));
                 }
             }
-            "resourceName" => out.lease_name = value.as_str().map(str::to_string),
-            "resourceNamespace" => out.lease_namespace = value.as_str().map(str::to_string),
+            "resourceName" => out.lease_name = Some(text(value, &here)?),
+            "resourceNamespace" => out.lease_namespace = Some(text(value, &here)?),
             _ => return Err(format!("{here}: unknown field")),
         }
     }
@@ -237,6 +249,24 @@ profiles:
         assert_eq!(
             read(&format!("{head}podMaxBackoffSeconds: 30\n")).unwrap_err(),
             "podMaxBackoffSeconds: only kube-scheduler's default (10) is supported by dra-scheduler"
+        );
+    }
+
+    #[test]
+    fn a_setting_of_the_wrong_type_or_size_is_an_error_not_a_default() {
+        let head = "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n";
+        let err = |rest: &str| read(&format!("{head}{rest}\n")).unwrap_err();
+        assert_eq!(
+            err("leaderElection: {leaderElect: \"yes\"}"),
+            "leaderElection.leaderElect: true or false"
+        );
+        assert_eq!(
+            err("leaderElection: {resourceName: 7}"),
+            "leaderElection.resourceName: must be a string"
+        );
+        assert_eq!(
+            err("clientConnection: {burst: 5000000000}"),
+            "clientConnection.burst: 5000000000 is too large"
         );
     }
 }

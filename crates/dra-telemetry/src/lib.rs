@@ -23,6 +23,7 @@
 //! registry.register(Box::new(gauge)).unwrap();
 //! assert_eq!(registry.gather()[0].get_metric()[0].get_gauge().get_value(), 1.0);
 //! ```
+#![forbid(unsafe_code)]
 
 pub mod log;
 
