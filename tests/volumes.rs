@@ -80,3 +80,49 @@ async fn volumes_decide_where_pods_go_and_our_prebind_binds_local_volumes() {
         Some("zv-b")
     );
 }
+
+/// Our PreBind is undone when the binding cannot finish: a claim to provision gets the
+/// selected-node annotation, the binder waits for a provisioner that never comes, the pod
+/// is deleted meanwhile, and the annotation is taken back (the claim is not left promised
+/// to a node for a pod that is not coming).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_write_is_undone_when_the_pod_goes_away_before_its_binding() {
+    let cluster = TestCluster::dedicated();
+    let client = cluster.client().await;
+    let _scheduler = start_scheduler_with(&cluster, &[]);
+    common::kubectl_apply_text(
+        &cluster,
+        "unwind",
+        b"apiVersion: v1\nkind: Node\nmetadata: {name: unwind-node, labels: {kubernetes.io/hostname: unwind-node}}\n\
+status: {allocatable: {cpu: '8', memory: 32Gi, pods: '110'}, capacity: {cpu: '8', memory: 32Gi, pods: '110'}}\n---\n\
+apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: never-provisioned}\n\
+provisioner: example.com/no-such-provisioner\nvolumeBindingMode: WaitForFirstConsumer\n---\n\
+apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: scratch}\n\
+spec: {accessModes: [ReadWriteOnce], storageClassName: never-provisioned, resources: {requests: {storage: 1Gi}}}\n---\n\
+apiVersion: v1\nkind: Pod\nmetadata: {name: waits-for-its-volume}\n\
+spec:\n  schedulerName: dra-scheduler\n  containers: [{name: c, image: busybox}]\n  \
+volumes: [{name: data, persistentVolumeClaim: {claimName: scratch}}]\n",
+    );
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    let selected = |pvc: &PersistentVolumeClaim| {
+        pvc.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("volume.kubernetes.io/selected-node").cloned())
+    };
+    let node = eventually("the claim is told its node", 60, || async {
+        selected(&claims.get("scratch").await.ok()?)
+    })
+    .await;
+    assert_eq!(node, "unwind-node");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    assert!(node_of(&pods.get("waits-for-its-volume").await.unwrap()).is_none());
+    pods.delete("waits-for-its-volume", &Default::default())
+        .await
+        .unwrap();
+    eventually("the selected node is taken back", 60, || async {
+        let pvc = claims.get("scratch").await.ok()?;
+        selected(&pvc).is_none().then_some(())
+    })
+    .await;
+}
