@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
     Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, ReplicationController, Service,
 };
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
-use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass, VolumeAttachment};
 
 use crate::plugins::label_selector::Selector;
 use crate::plugins::node_ports::{HostPort, host_ports};
@@ -34,6 +34,7 @@ pub struct ClusterInput {
     pub storage_classes: Vec<StorageClass>,
     pub csi_nodes: Vec<CSINode>,
     pub csi_drivers: Vec<CSIDriver>,
+    pub volume_attachments: Vec<VolumeAttachment>,
     /// What selects pods, for PodTopologySpread's default constraints (only their
     /// selectors are kept).
     pub services: Vec<Service>,
@@ -204,6 +205,62 @@ pub struct Volumes {
     pub storage_classes: BTreeMap<String, StorageClass>,
     pub csi_nodes: BTreeMap<String, CSINode>,
     pub csi_drivers: BTreeMap<String, CSIDriver>,
+    pub volume_attachments: VolumeAttachments,
+}
+
+/// VolumeAttachments by name, and which are on each node: NodeVolumeLimits reads those of
+/// one node at a time (as kube-scheduler indexes them by `spec.nodeName`), and a cluster
+/// has many of them.
+#[derive(Clone, Debug, Default)]
+pub struct VolumeAttachments {
+    by_name: BTreeMap<String, VolumeAttachment>,
+    /// Node name → names of the attachments there.
+    by_node: HashMap<String, BTreeSet<String>>,
+}
+
+impl VolumeAttachments {
+    /// Add or replace an attachment (by name).
+    pub fn upsert(&mut self, attachment: VolumeAttachment) {
+        let name = name_of(&attachment.metadata).to_string();
+        self.remove(&name);
+        self.by_node
+            .entry(attachment.spec.node_name.clone())
+            .or_default()
+            .insert(name.clone());
+        self.by_name.insert(name, attachment);
+    }
+
+    pub fn remove(&mut self, name: &str) -> Option<VolumeAttachment> {
+        let old = self.by_name.remove(name)?;
+        if let Some(names) = self.by_node.get_mut(&old.spec.node_name) {
+            names.remove(name);
+            if names.is_empty() {
+                self.by_node.remove(&old.spec.node_name);
+            }
+        }
+        Some(old)
+    }
+
+    /// The attachments whose `spec.nodeName` is `node`.
+    pub fn on_node<'a>(&'a self, node: &str) -> impl Iterator<Item = &'a VolumeAttachment> + 'a {
+        self.by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|name| self.by_name.get(name))
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.by_name.keys()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
 }
 
 /// The selectors of what selects pods, by namespace/name: all that PodTopologySpread's
@@ -315,9 +372,13 @@ impl ClusterState {
                 storage_classes: by_name(input.storage_classes, |c| &c.metadata),
                 csi_nodes: by_name(input.csi_nodes, |c| &c.metadata),
                 csi_drivers: by_name(input.csi_drivers, |c| &c.metadata),
+                volume_attachments: VolumeAttachments::default(),
             },
             ..Default::default()
         };
+        for attachment in input.volume_attachments {
+            state.volumes.volume_attachments.upsert(attachment);
+        }
         for service in &input.services {
             state.workloads.upsert_service(service);
         }
@@ -515,5 +576,37 @@ mod claim_versions {
         );
         assert!(state.claims[&key].status.is_none());
         assert!(state.upsert_claim(claim("", true)), "no version: taken");
+    }
+}
+
+#[cfg(test)]
+mod volume_attachments {
+    use super::*;
+
+    fn attachment(name: &str, node: &str) -> VolumeAttachment {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"attacher": "d", "nodeName": node, "source": {"persistentVolumeName": "pv"}}}))
+        .unwrap()
+    }
+
+    fn on(attachments: &VolumeAttachments, node: &str) -> Vec<String> {
+        attachments
+            .on_node(node)
+            .map(|a| name_of(&a.metadata).to_string())
+            .collect()
+    }
+
+    #[test]
+    fn an_attachment_updated_to_another_node_is_only_there() {
+        let mut attachments = VolumeAttachments::default();
+        attachments.upsert(attachment("a", "n1"));
+        attachments.upsert(attachment("b", "n1"));
+        attachments.upsert(attachment("a", "n2"));
+        assert_eq!(on(&attachments, "n1"), ["b"]);
+        assert_eq!(on(&attachments, "n2"), ["a"]);
+        assert!(attachments.remove("b").is_some());
+        assert!(on(&attachments, "n1").is_empty());
+        assert_eq!(attachments.len(), 1);
     }
 }

@@ -17,7 +17,7 @@
 //! | VolumeBinding | PreFilter, Filter, Reserve, PreBind, PreScore, Score | as upstream (bound claims, Immediate claims wait, WaitForFirstConsumer with static volumes and provisioning by allowedTopologies, generic ephemeral volumes, the capacity score); CSIStorageCapacity is not read: a claim a driver with `storageCapacity: true` would provision is refused, saying so; PreBind is the binder's, with a bounded wait for the PV controller |
 //! | VolumeRestrictions | PreFilter, Filter | as upstream (ReadWriteOncePod, conflicting GCE PD, EBS, RBD and iSCSI volumes) |
 //! | VolumeZone | PreFilter, Filter | as upstream |
-//! | NodeVolumeLimits | PreFilter, Filter | as upstream for CSI and migrated in-tree drivers; VolumeAttachments of pods the scheduler does not know are not counted |
+//! | NodeVolumeLimits | PreFilter, Filter | as upstream (CSI and migrated in-tree drivers, VolumeAttachments counted) |
 //! | ImageLocality | Score | as upstream |
 //! | DynamicResources | PreEnqueue, PreFilter, Filter, PostFilter, PreScore, Score, Reserve, PreBind | the allocator (`dra-allocator`) |
 //! | DefaultBinder | Bind | the daemon's binder |

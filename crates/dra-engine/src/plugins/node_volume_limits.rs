@@ -6,9 +6,8 @@
 //! Disk, Cinder and Portworx volumes count for their CSI drivers on nodes with a CSINode
 //! (CSI migration, as upstream). With VolumeLimitScaling (beta, on in 1.37), a driver whose
 //! CSIDriver sets `preventPodSchedulingIfMissing` must be on the node's CSINode.
-//!
-//! Not here: VolumeAttachments are not read, so volumes attached to the node by no pod
-//! the scheduler knows of are not counted.
+//! VolumeAttachments on the node count as well (so that volumes still attached for pods
+//! gone or unknown to the scheduler are not forgotten), each once, as upstream.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -185,6 +184,35 @@ impl LimitsCycle<'_> {
     }
 }
 
+/// The CSI volumes the node's VolumeAttachments attach, by unique name (`attacher/handle`
+/// of the attached PersistentVolume) → attacher. An attachment with no attacher, of no
+/// PersistentVolume, of one that does not exist or of one that is no CSI volume is passed
+/// over, as upstream's `getNodeVolumeAttachmentInfo`.
+fn attached_by_volume_attachments(volumes: &Volumes, node: &str) -> Attachable {
+    let mut attached = Attachable::new();
+    for attachment in volumes.volume_attachments.on_node(node) {
+        let attacher = &attachment.spec.attacher;
+        if attacher.is_empty() {
+            continue;
+        }
+        let Some(pv_name) = attachment.spec.source.persistent_volume_name.as_deref() else {
+            continue;
+        };
+        let Some(csi) = volumes
+            .persistent_volumes
+            .get(pv_name)
+            .and_then(|pv| pv.spec.as_ref()?.csi.as_ref())
+        else {
+            continue;
+        };
+        attached.insert(
+            format!("{attacher}/{}", csi.volume_handle),
+            attacher.clone(),
+        );
+    }
+    attached
+}
+
 /// Each driver's `allocatable.count` on the node.
 fn limits(csi_node: Option<&CSINode>) -> BTreeMap<&str, i64> {
     csi_node
@@ -252,6 +280,14 @@ impl PluginCycle for LimitsCycle<'_> {
             new_volumes.remove(name);
             *attached_count.entry(driver.as_str()).or_default() += 1;
         }
+        // A volume that a VolumeAttachment attaches and a pod here uses counts once. One
+        // that the new pod uses stays among its new volumes (as upstream: it counts twice).
+        let by_attachments = attached_by_volume_attachments(&state.volumes, node.name());
+        for (name, driver) in &by_attachments {
+            if !attached.contains_key(name) {
+                *attached_count.entry(driver.as_str()).or_default() += 1;
+            }
+        }
         let mut new_count: HashMap<&str, i64> = HashMap::new();
         for driver in new_volumes.values() {
             *new_count.entry(driver.as_str()).or_default() += 1;
@@ -271,7 +307,9 @@ impl PluginCycle for LimitsCycle<'_> {
 mod tests {
     use super::super::volume_binding::fixtures::*;
     use super::*;
-    use serde_json::json;
+    use crate::{Engine, EngineConfig};
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
+    use serde_json::{Value, json};
 
     const DRIVER: &str = "disk.csi.example.com";
 
@@ -340,6 +378,91 @@ mod tests {
         let evaluation = engine.evaluate(&key("new"));
         assert_eq!(evaluation.feasible, ["n2"], "n2 has no CSINode: no limit");
         assert_eq!(evaluation.unfit["n1"], REASON_MAX_VOLUME_COUNT_EXCEEDED);
+    }
+
+    /// An attachment by `attacher` of `source` (a VolumeAttachment's `spec.source`) to `node`.
+    fn attachment(name: &str, attacher: &str, node: &str, source: Value) -> VolumeAttachment {
+        serde_json::from_value(json!({"apiVersion": "storage.k8s.io/v1",
+            "kind": "VolumeAttachment", "metadata": {"name": name},
+            "spec": {"attacher": attacher, "nodeName": node, "source": source}}))
+        .expect("a valid VolumeAttachment")
+    }
+
+    /// An attachment of the PersistentVolume `pv` to `node` by the driver.
+    fn attached(pv: &str, node: &str) -> VolumeAttachment {
+        attachment(
+            &format!("va-{pv}-{node}"),
+            DRIVER,
+            node,
+            json!({"persistentVolumeName": pv}),
+        )
+    }
+
+    fn engine_with(objects: Vec<Object>, attachments: Vec<VolumeAttachment>) -> Engine {
+        let mut input = cluster(objects);
+        input.volume_attachments = attachments;
+        Engine::new(EngineConfig::default(), input)
+    }
+
+    /// Nodes n1 and n2 that each attach at most `limit` volumes of the driver, CSI volumes
+    /// v1 to v3 with their claims, and the pod `new` using `new_claims`; no pod is bound.
+    fn bare_cluster(limit: i32, new_claims: &[&str]) -> Vec<Object> {
+        let mut objects = cluster_with(new_claims);
+        objects.retain(|o| o.0["metadata"]["name"] != "old");
+        objects[2] = csi_node("n1", &[(DRIVER, limit)]);
+        objects[3] = csi_node("n2", &[(DRIVER, limit)]);
+        objects
+    }
+
+    #[test]
+    fn a_node_full_only_through_volume_attachments_refuses_a_new_volume() {
+        let objects = bare_cluster(2, &["v3"]);
+        let mut engine = engine_with(objects, vec![attached("v1", "n1"), attached("v2", "n1")]);
+        let evaluation = engine.evaluate(&key("new"));
+        assert_eq!(evaluation.feasible, ["n2"]);
+        assert_eq!(evaluation.unfit["n1"], REASON_MAX_VOLUME_COUNT_EXCEEDED);
+
+        engine.volumes_mut().volume_attachments.remove("va-v2-n1");
+        assert_eq!(
+            feasible(&mut engine, "new"),
+            ["n1", "n2"],
+            "a detached volume frees its place"
+        );
+    }
+
+    #[test]
+    fn an_attachment_of_a_volume_a_pod_on_the_node_uses_counts_once() {
+        let mut objects = bare_cluster(2, &["v3"]);
+        objects.push(pod("old").claim("a", "v1").on("n1"));
+        let mut engine = engine_with(objects, vec![attached("v1", "n1")]);
+        assert_eq!(feasible(&mut engine, "new"), ["n1", "n2"]);
+    }
+
+    #[test]
+    fn an_attached_volume_the_new_pod_uses_counts_as_attached_and_as_new_as_upstream() {
+        let objects = bare_cluster(1, &["v1"]);
+        let mut engine = engine_with(objects, vec![attached("v1", "n1")]);
+        assert_eq!(feasible(&mut engine, "new"), ["n2"]);
+    }
+
+    #[test]
+    fn attachments_without_attacher_pv_name_existing_pv_or_csi_pv_do_not_count() {
+        let mut objects = bare_cluster(1, &["v3"]);
+        objects.push(pv("local", "1Gi"));
+        let inline =
+            json!({"inlineVolumeSpec": {"csi": {"driver": DRIVER, "volumeHandle": "h-x"}}});
+        let of = |pv: &str| json!({"persistentVolumeName": pv});
+        let attachments = vec![
+            attachment("no-attacher", "", "n1", of("v1")),
+            attachment("no-pv-name", DRIVER, "n1", inline),
+            attachment("missing-pv", DRIVER, "n1", of("gone")),
+            attachment("not-csi", DRIVER, "n1", of("local")),
+            attached("v2", "n2"),
+        ];
+        let mut engine = engine_with(objects, attachments);
+        let evaluation = engine.evaluate(&key("new"));
+        assert_eq!(evaluation.feasible, ["n1"], "only n2's attachment counts");
+        assert_eq!(evaluation.unfit["n2"], REASON_MAX_VOLUME_COUNT_EXCEEDED);
     }
 
     #[test]
