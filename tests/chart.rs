@@ -290,7 +290,12 @@ fn lint_and_render() {
         grant("apps", &["replicasets", "statefulsets"], &["list", "watch"]),
         grant(
             "storage.k8s.io",
-            &["storageclasses", "csinodes", "csidrivers"],
+            &[
+                "storageclasses",
+                "csinodes",
+                "csidrivers",
+                "volumeattachments",
+            ],
             &["list", "watch"],
         ),
         grant("scheduling.k8s.io", &["podgroups"], &["list", "watch"]),

@@ -216,7 +216,11 @@ fn need(g: &Grant) -> Option<Need> {
             verb,
         )
         | ("apps", "replicasets" | "statefulsets", verb)
-        | ("storage.k8s.io", "storageclasses" | "csinodes" | "csidrivers", verb)
+        | (
+            "storage.k8s.io",
+            "storageclasses" | "csinodes" | "csidrivers" | "volumeattachments",
+            verb,
+        )
         | ("scheduling.k8s.io", "podgroups", verb)
         | (
             "resource.k8s.io",

@@ -1,10 +1,11 @@
 //! The storage informers: PersistentVolumeClaims, PersistentVolumes, StorageClasses,
-//! CSINodes and CSIDrivers, feeding the engine's volume state for the volume plugins.
+//! CSINodes, CSIDrivers and VolumeAttachments, feeding the engine's volume state for the
+//! volume plugins.
 //! Kept apart from the daemon loop, which only routes their changes here.
 
 use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass, VolumeAttachment};
 use kube::Client;
 use kube::runtime::watcher::Event;
 
@@ -14,12 +15,13 @@ use dra_engine::{Engine, ObjectKey, Placement};
 use super::Informers;
 
 /// The storage kinds the scheduler watches (it schedules once all have synced).
-pub(super) const KINDS: [&str; 5] = [
+pub(super) const KINDS: [&str; 6] = [
     "PersistentVolumeClaim",
     "PersistentVolume",
     "StorageClass",
     "CSINode",
     "CSIDriver",
+    "VolumeAttachment",
 ];
 
 /// A change from one of the storage informers.
@@ -31,6 +33,7 @@ pub(super) enum Change {
     Class(Event<StorageClass>),
     CsiNode(Event<CSINode>),
     CsiDriver(Event<CSIDriver>),
+    VolumeAttachment(Event<VolumeAttachment>),
 }
 
 /// The storage watches, as streams of the daemon's changes.
@@ -42,6 +45,7 @@ pub(super) fn watches(client: &Client) -> Vec<BoxStream<'static, super::Change>>
         super::watch(client, KINDS[2], move |e| wrap(Change::Class(e))),
         super::watch(client, KINDS[3], move |e| wrap(Change::CsiNode(e))),
         super::watch(client, KINDS[4], move |e| wrap(Change::CsiDriver(e))),
+        super::watch(client, KINDS[5], move |e| wrap(Change::VolumeAttachment(e))),
     ]
 }
 
@@ -139,27 +143,62 @@ const CSI_DRIVERS: Kind<CSIDriver> = Kind {
     },
 };
 
-fn take<K>(engine: &mut Engine, informers: &mut Informers, kind: &Kind<K>, event: Event<K>) {
+const VOLUME_ATTACHMENTS: Kind<VolumeAttachment> = Kind {
+    kind: "VolumeAttachment",
+    key: |o| cluster_key(&o.metadata),
+    insert: |v, o| v.volume_attachments.upsert(o),
+    remove: |v, k| {
+        v.volume_attachments.remove(&k.name);
+    },
+    keys: |v| {
+        v.volume_attachments
+            .names()
+            .map(|n| ObjectKey::new("", n.as_str()))
+            .collect()
+    },
+};
+
+/// Apply one kind's event; returns whether objects went away (a deletion, or objects
+/// missing from a fresh listing).
+fn take<K>(
+    engine: &mut Engine,
+    informers: &mut Informers,
+    kind: &Kind<K>,
+    event: Event<K>,
+) -> bool {
     let volumes = engine.volumes_mut();
     match event {
         Event::Apply(o) | Event::InitApply(o) => {
             informers.seen(kind.kind, (kind.key)(&o));
             (kind.insert)(volumes, o);
+            false
         }
-        Event::Delete(o) => (kind.remove)(volumes, &(kind.key)(&o)),
-        Event::Init => informers.listing(kind.kind),
+        Event::Delete(o) => {
+            (kind.remove)(volumes, &(kind.key)(&o));
+            true
+        }
+        Event::Init => {
+            informers.listing(kind.kind);
+            false
+        }
         Event::InitDone => {
             let has = (kind.keys)(volumes);
+            let mut removed = false;
             for gone in informers.gone(kind.kind, has.into_iter()) {
                 (kind.remove)(volumes, &gone);
+                removed = true;
             }
+            removed
         }
     }
 }
 
-/// Apply a storage change. The API server's copies replace what was assumed for bindings
-/// still in flight, so those are asserted again. Any storage change may help a pod that
-/// waits (a volume freed or created, a claim bound, a class or limit changed).
+/// Apply a storage change; returns whether pods that wait should be tried again. The API
+/// server's copies replace what was assumed for bindings still in flight, so those are
+/// asserted again. Any change of the other kinds may help a pod that waits (a volume freed
+/// or created, a claim bound, a class or limit changed); of VolumeAttachments only one
+/// that goes away does (a node attaches fewer volumes), as kube-scheduler's NodeVolumeLimits
+/// registers only their deletion.
 pub(super) fn apply<'a>(
     engine: &mut Engine,
     informers: &mut Informers,
@@ -167,17 +206,19 @@ pub(super) fn apply<'a>(
     change: Change,
 ) -> bool {
     let volumes_changed = matches!(change, Change::Claim(_) | Change::Volume(_));
-    match change {
+    let attachments = matches!(change, Change::VolumeAttachment(_));
+    let removed = match change {
         Change::Claim(e) => take(engine, informers, &CLAIMS, e),
         Change::Volume(e) => take(engine, informers, &VOLUMES, e),
         Change::Class(e) => take(engine, informers, &CLASSES, e),
         Change::CsiNode(e) => take(engine, informers, &CSI_NODES, e),
         Change::CsiDriver(e) => take(engine, informers, &CSI_DRIVERS, e),
-    }
+        Change::VolumeAttachment(e) => take(engine, informers, &VOLUME_ATTACHMENTS, e),
+    };
     if volumes_changed {
         for placement in in_flight.filter(|p| !p.volumes.is_empty()) {
             engine.reassert(placement);
         }
     }
-    true
+    removed || !attachments
 }
