@@ -246,7 +246,65 @@ fn group_decisions(c: &mut Criterion) {
             })
         });
     }
+    let (mut engine, members) = numa_fleet();
+    group.bench_function(
+        "4 pods x 20 one-GPU requests on one NUMA node, none has 20: refused",
+        |b| {
+            b.iter(|| {
+                let decision = engine.schedule_group(&gang(4), &members);
+                assert!(
+                    matches!(decision, GroupDecision::Unschedulable { .. }),
+                    "{decision:?}"
+                );
+            })
+        },
+    );
     group.finish();
+}
+
+/// 4 nodes of 32 GPUs over 4 NUMA nodes of 8, and a gang of 4 pods whose claims each ask
+/// for 20 one-GPU requests on one NUMA node (`matchAttribute`): no node has 20 on one NUMA
+/// node. Each member's claim is the allocator benches' case d), which upstream's allocator
+/// (`allocref`, `cargo test --release -p dra-allocator --test reference_times -- --ignored
+/// --nocapture`) does not decide within kube-scheduler's 10 s filter timeout.
+fn numa_fleet() -> (Engine, Vec<ObjectKey>) {
+    let names: Vec<String> = (0..4).map(|i| format!("n{i}")).collect();
+    let slices = names
+        .iter()
+        .map(|n| {
+            let devices: Vec<Value> = (0..32)
+                .map(|d| json!({"name": format!("gpu-{d}"), "attributes": {
+                    "resource.kubernetes.io/numaNode": {"int": d / 8}}}))
+                .collect();
+            serde_json::from_value(json!({"metadata": {"name": format!("{n}-gpus")}, "spec": {
+                "driver": "gpu.example.com", "nodeName": n,
+                "pool": {"name": n, "generation": 1, "resourceSliceCount": 1}, "devices": devices}}))
+            .unwrap()
+        })
+        .collect();
+    let requests: Vec<Value> = (0..20)
+        .map(|i| json!({"name": format!("g{i}"), "exactly": {"deviceClassName": "gpu"}}))
+        .collect();
+    let names_of: Vec<String> = (0..20).map(|i| format!("g{i}")).collect();
+    let mut input = ClusterInput {
+        nodes: names.iter().map(|n| node(n)).collect(),
+        classes: vec![class()],
+        slices,
+        ..Default::default()
+    };
+    let mut members = Vec::new();
+    for m in 0..4 {
+        let name = format!("c{m}");
+        input.claims.push(
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default"},
+                "spec": {"devices": {"requests": requests, "constraints": [
+                    {"requests": names_of, "matchAttribute": "resource.kubernetes.io/numaNode"}]}}}))
+            .unwrap(),
+        );
+        input.pods.push(member(&format!("p{m}"), &name));
+        members.push(ObjectKey::new("default", format!("p{m}")));
+    }
+    (Engine::new(EngineConfig::default(), input), members)
 }
 
 criterion_group!(benches, group_decisions);
