@@ -125,6 +125,11 @@ fn apply_set(profile: &mut Profile, point: Option<Point>, set: &Value, path: &st
         if name != "*" && !known(name) {
             return Err(format!("{here}.name: unknown plugin {name:?}"));
         }
+        if plugins::ALWAYS_ON.contains(&name.as_str()) {
+            return Err(format!(
+                "{here}: plugin {name} cannot be disabled: dra-scheduler always schedules a PodGroup's pods as a group"
+            ));
+        }
     }
     let all = disabled.iter().any(|(n, _, _)| n == "*");
     let names: BTreeSet<&str> = disabled.iter().map(|(n, _, _)| n.as_str()).collect();
@@ -147,7 +152,9 @@ fn apply_set(profile: &mut Profile, point: Option<Point>, set: &Value, path: &st
 }
 
 fn known(name: &str) -> bool {
-    plugins::points_of(name).is_some() || plugins::NOT_IMPLEMENTED.iter().any(|(n, _)| *n == name)
+    plugins::points_of(name).is_some()
+        || plugins::NOT_IMPLEMENTED.iter().any(|(n, _)| *n == name)
+        || plugins::ALWAYS_ON.contains(&name)
 }
 
 /// Enable a plugin at a point (or at all of its points), with its score weight.
@@ -160,6 +167,9 @@ fn enable(
 ) -> Result<()> {
     if let Some((_, why)) = plugins::NOT_IMPLEMENTED.iter().find(|(n, _)| *n == name) {
         return Err(format!("{path}: plugin {name} is not supported: {why}"));
+    }
+    if plugins::ALWAYS_ON.contains(&name) {
+        return Ok(());
     }
     let Some(points) = plugins::points_of(name) else {
         return Err(format!("{path}.name: unknown plugin {name:?}"));
@@ -613,6 +623,23 @@ mod tests {
         assert_eq!(
             err(json!({"frameworkOutOfTreeRegistry": {}})),
             "profiles[0].frameworkOutOfTreeRegistry: unknown field"
+        );
+    }
+
+    #[test]
+    fn the_podgroup_plugins_may_be_enabled_but_not_disabled() {
+        let enabled = json!({"plugins": {"multiPoint": {"enabled": [
+            {"name": "GangScheduling"}, {"name": "TopologyPlacementGenerator"},
+            {"name": "PodGroupPodsCount"}]}}});
+        assert!(profile_config(&enabled, "profiles[0]").is_ok());
+        assert_eq!(
+            profile_config(
+                &json!({"plugins": {"multiPoint": {"disabled": [{"name": "GangScheduling"}]}}}),
+                "profiles[0]"
+            )
+            .unwrap_err(),
+            "profiles[0].plugins.multiPoint.disabled[0]: plugin GangScheduling cannot be disabled: \
+             dra-scheduler always schedules a PodGroup's pods as a group"
         );
     }
 

@@ -23,7 +23,7 @@
 //! | DefaultBinder | Bind | the daemon's binder |
 //! | DefaultPreemption | PostFilter | not yet (#17): a pod that does not fit waits; nothing is evicted |
 //! | NodeDeclaredFeatures | PreFilter, Filter | as upstream: all three features a new pod can need are inferred |
-//! | GangScheduling, TopologyPlacementGenerator, PodGroupPodsCount | | behind gates that are off by default in 1.37; not yet (#16) |
+//! | GangScheduling, TopologyPlacementGenerator, PodGroupPodsCount | PreEnqueue, the PodGroup cycle | PodGroups (`crate::group`, and the daemon's queue): a gang is placed whole or not at all with its members' devices chosen jointly, `schedulingConstraints.topology` in the best-fitting domain, members wait without an attempt until `minCount` pods exist; always on where the API server serves PodGroups (behind gates off by default in 1.37): enabling them is accepted, disabling one is an error |
 //! | DeferredPodScheduling | PreFilter, Filter, Permit | behind InPlacePodVerticalScalingSchedulerPreemption, alpha and off by default in 1.37; not implemented (enabling it is an error) |
 //!
 //! Two plugins of this scheduler's own score device placements, for pods with claims:
@@ -83,18 +83,20 @@ pub const DEFAULT: &[(&str, i64)] = &[
 /// Plugins of this scheduler's own, not in kube-scheduler.
 pub const OUT_OF_TREE: &[&str] = &["NUMAAlignment", "DevicePacking"];
 
+/// kube-scheduler's PodGroup plugins: what they do is always done here (`crate::group`),
+/// so a profile may enable them but not disable them.
+pub const ALWAYS_ON: &[&str] = &[
+    "GangScheduling",
+    "TopologyPlacementGenerator",
+    "PodGroupPodsCount",
+];
+
 /// Plugins kube-scheduler has that are not implemented here, and why.
 pub const NOT_IMPLEMENTED: &[(&str, &str)] = &[
     (
         "DefaultPreemption",
         "preemption is not implemented yet: a pod that does not fit waits, nothing is evicted",
     ),
-    ("GangScheduling", "PodGroups are not supported yet"),
-    (
-        "TopologyPlacementGenerator",
-        "PodGroups are not supported yet",
-    ),
-    ("PodGroupPodsCount", "PodGroups are not supported yet"),
     (
         "DeferredPodScheduling",
         "in-place resize preemption is not supported",
