@@ -149,6 +149,7 @@ fn as_json(object: &Object) -> serde_json::Value {
         Object::StorageClass(o) => serde_json::to_value(o),
         Object::CSINode(o) => serde_json::to_value(o),
         Object::CSIDriver(o) => serde_json::to_value(o),
+        Object::VolumeAttachment(o) => serde_json::to_value(o),
         Object::Workload(o) => serde_json::to_value(o),
         Object::PodGroup(o) => serde_json::to_value(o),
     }

@@ -364,6 +364,7 @@ pub fn expand_all(manifests: Manifests) -> Result<(ClusterInput, super::Groups),
             }
             Object::CSINode(n) => input.csi_nodes.push(n),
             Object::CSIDriver(d) => input.csi_drivers.push(d),
+            Object::VolumeAttachment(a) => input.volume_attachments.push(a),
             Object::Workload(mut w) => {
                 namespaced(&mut w.metadata);
                 groups.workloads.push(w);
@@ -629,6 +630,17 @@ spec:
       containers: [{{name: c, image: nginx}}]
 "
         )
+    }
+
+    #[test]
+    fn volume_attachments_are_kept_for_the_node_volume_limits() {
+        let input = expanded(
+            "apiVersion: storage.k8s.io/v1\nkind: VolumeAttachment\nmetadata: {name: va}\n\
+             spec: {attacher: disk.csi.example.com, nodeName: a1, \
+             source: {persistentVolumeName: pv}}\n",
+        );
+        assert_eq!(input.volume_attachments.len(), 1);
+        assert_eq!(input.volume_attachments[0].spec.node_name, "a1");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::api::scheduling::v1beta1::{PodGroup, Workload};
-use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::DeserializeSeed;
 use serde_json::Value;
@@ -72,6 +72,8 @@ pub enum Object {
     StorageClass(StorageClass),
     CSINode(CSINode),
     CSIDriver(CSIDriver),
+    /// Counts toward its node's CSI volume limits (NodeVolumeLimits).
+    VolumeAttachment(VolumeAttachment),
     /// `scheduling.k8s.io/v1beta1`: read and checked; its PodGroups are the objects that
     /// are scheduled.
     Workload(Workload),
@@ -102,6 +104,7 @@ impl Object {
             Object::StorageClass(_) => "StorageClass",
             Object::CSINode(_) => "CSINode",
             Object::CSIDriver(_) => "CSIDriver",
+            Object::VolumeAttachment(_) => "VolumeAttachment",
             Object::Workload(_) => "Workload",
             Object::PodGroup(_) => "PodGroup",
         }
@@ -129,6 +132,7 @@ impl Object {
             Object::StorageClass(o) => &o.metadata,
             Object::CSINode(o) => &o.metadata,
             Object::CSIDriver(o) => &o.metadata,
+            Object::VolumeAttachment(o) => &o.metadata,
             Object::Workload(o) => &o.metadata,
             Object::PodGroup(o) => &o.metadata,
         }
@@ -550,6 +554,9 @@ fn parse_object(value: Value, source: &Source, into: &mut Manifests) -> Result<(
         "CSIDriver" => {
             expect("storage.k8s.io/v1").and_then(|_| strict(&value).map(Object::CSIDriver))
         }
+        "VolumeAttachment" => {
+            expect("storage.k8s.io/v1").and_then(|_| strict(&value).map(Object::VolumeAttachment))
+        }
         "Workload" => {
             expect("scheduling.k8s.io/v1beta1").and_then(|_| strict(&value).map(Object::Workload))
         }
@@ -568,7 +575,7 @@ fn parse_object(value: Value, source: &Source, into: &mut Manifests) -> Result<(
              ReplicaSet, StatefulSet, ReplicationController, Job, Service, PriorityClass, \
              ResourceClaim, ResourceClaimTemplate, DeviceClass, ResourceSlice, DeviceTaintRule, \
              PersistentVolume, PersistentVolumeClaim, StorageClass, CSINode, CSIDriver, \
-             Workload, PodGroup)"
+             VolumeAttachment, Workload, PodGroup)"
         ))),
     };
     let object = object.map_err(|mut e| {
@@ -741,6 +748,23 @@ mod tests {
         .unwrap();
         assert!(matches!(m.objects[0].object, Object::Service(_)));
         assert_eq!(m.ignored[0].object, "ConfigMap settings");
+    }
+
+    #[test]
+    fn a_volume_attachment_is_read_and_one_without_attacher_is_invalid() {
+        let attachment = |attacher: &str| {
+            format!(
+                "apiVersion: storage.k8s.io/v1\nkind: VolumeAttachment\nmetadata: {{name: va}}\n\
+                 spec: {{attacher: '{attacher}', nodeName: n1, source: {{persistentVolumeName: pv}}}}\n"
+            )
+        };
+        let m = parse(&attachment("disk.csi.example.com")).unwrap();
+        assert!(matches!(m.objects[0].object, Object::VolumeAttachment(_)));
+        let err = parse(&attachment("")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "fleet.yaml (document 1): VolumeAttachment va: spec.attacher: required"
+        );
     }
 
     #[test]

@@ -83,6 +83,7 @@ pub fn validate(object: &Object) -> Check {
         Object::StorageClass(sc) => storage_class(sc),
         Object::CSINode(n) => metadata(&n.metadata, NameRule::Subdomain, false),
         Object::CSIDriver(d) => metadata(&d.metadata, NameRule::Subdomain, false),
+        Object::VolumeAttachment(a) => volume_attachment(a),
         Object::Workload(w) => metadata(&w.metadata, NameRule::Subdomain, true),
         Object::PodGroup(g) => pod_group(g),
     }
@@ -162,6 +163,23 @@ fn storage_class(sc: &k8s_openapi::api::storage::v1::StorageClass) -> Check {
             unsupported("volumeBindingMode", m, BINDING_MODES)
         }
         _ => Ok(()),
+    }
+}
+
+/// What the API server checks of a VolumeAttachment's spec: an attacher, a node, and one
+/// source (a PersistentVolume's name, or an inline volume).
+fn volume_attachment(a: &k8s_openapi::api::storage::v1::VolumeAttachment) -> Check {
+    metadata(&a.metadata, NameRule::Subdomain, false)?;
+    if a.spec.attacher.is_empty() {
+        return required("spec.attacher");
+    }
+    dns_subdomain("spec.nodeName", &a.spec.node_name)?;
+    let source = &a.spec.source;
+    let one = "spec.source: must name exactly one of persistentVolumeName and inlineVolumeSpec";
+    match (&source.persistent_volume_name, &source.inline_volume_spec) {
+        (Some(pv), None) => dns_subdomain("spec.source.persistentVolumeName", pv),
+        (None, Some(_)) => Ok(()),
+        _ => Err(one.into()),
     }
 }
 
