@@ -289,3 +289,38 @@ async fn a_claim_of_the_podgroup_is_made_once_reserved_for_the_group_and_shared_
     // 2 GPUs of the pods' own and the fabric device, each once.
     assert_eq!(assert_no_device_twice(&client).await, 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_whose_members_are_not_all_created_waits_without_an_attempt() {
+    let cluster = TestCluster::dedicated();
+    let _daemon = start_scheduler_with(&cluster, &[]);
+    apply_fleet(&cluster, 4, 2);
+    // minCount 4, but only 3 pods exist at first.
+    let text = gang("train", 4, 2);
+    let (first, last) = text.rsplit_once("---\n").unwrap();
+    kubectl_apply_text(&cluster, "three", first.as_bytes());
+    let client = cluster.client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(bound_in(&pods, "train").await, 0);
+    for i in 0..3 {
+        let events = events_about(&client, &format!("train-{i}")).await;
+        assert!(events.is_empty(), "no attempt, so nothing told: {events:?}");
+    }
+    let groups: Api<PodGroup> = Api::namespaced(client.clone(), "default");
+    let group = groups.get("train").await.unwrap();
+    assert!(
+        group
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .is_empty(),
+        "no condition before an attempt"
+    );
+    // The fourth member arrives: the whole gang is placed.
+    kubectl_apply_text(&cluster, "fourth", last.as_bytes());
+    eventually("all 4 members bound", 90, || async {
+        (bound_in(&pods, "train").await == 4).then_some(())
+    })
+    .await;
+}
