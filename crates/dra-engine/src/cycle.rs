@@ -50,6 +50,15 @@ pub(crate) struct Scope<'s> {
     pub group: bool,
 }
 
+/// Every node's Filter status for one pod ([`Engine::node_statuses`]).
+pub(crate) enum NodeStatuses {
+    /// The attempt stopped as a whole: PreFilter rejected the pod, a plugin failed, or the
+    /// device search ran out of time.
+    Stopped(Status),
+    /// Each node by name, with its status (success: the pod fits there).
+    Nodes(Vec<(String, Status)>),
+}
+
 /// What the framework made of an attempt, before it is turned into a decision.
 enum Verdict<'a> {
     /// The pod went no further than PreFilter, or a plugin failed.
@@ -213,8 +222,44 @@ impl Engine {
         })
     }
 
+    /// What Filter says about every node for the pod, for PostFilter (preemption): nothing
+    /// is reserved or assumed.
+    pub(crate) fn node_statuses(
+        &mut self,
+        pod_key: &ObjectKey,
+        budget: Duration,
+    ) -> Result<NodeStatuses, String> {
+        let scope = Scope::default();
+        self.run(
+            pod_key,
+            budget,
+            None,
+            Search::AllNodes,
+            scope,
+            |verdict| match verdict {
+                Verdict::Stopped(status) => NodeStatuses::Stopped(status),
+                Verdict::Filtered { outcomes, .. } => {
+                    let stop = outcomes
+                        .iter()
+                        .find(|o| matches!(o.status.code, Code::Error | Code::Stopped { .. }));
+                    match stop {
+                        Some(o) => NodeStatuses::Stopped(o.status.clone()),
+                        None => NodeStatuses::Nodes(
+                            outcomes
+                                .into_iter()
+                                .map(|o| (o.node.name().to_string(), o.status))
+                                .collect(),
+                        ),
+                    }
+                }
+            },
+        )
+    }
+
     /// Run the plugins for one pod and hand the verdict to `decide`. `Err` when the
-    /// attempt cannot start (no such pod, unreadable requests, a wrong profile).
+    /// attempt cannot start (no such pod, unreadable requests, a wrong profile). Devices
+    /// held for nominated pods (`Engine::nominate`) are free in the attempt of the pod
+    /// itself and of pods of higher priority, taken in every other.
     fn run<T>(
         &mut self,
         pod_key: &ObjectKey,
@@ -224,13 +269,32 @@ impl Engine {
         scope: Scope<'_>,
         decide: impl FnOnce(Verdict<'_>) -> T,
     ) -> Result<T, String> {
-        let framework = self.framework()?;
         let pod = self
             .state()
             .pods
             .get(pod_key)
             .cloned()
             .ok_or_else(|| format!("pod {pod_key} not found"))?;
+        let lifted = self.lift_holds(pod_key, &pod);
+        let result = self.run_as_seen(&pod, pod_key, budget, cancel, search, scope, decide);
+        self.restore_holds(lifted);
+        result
+    }
+
+    /// [`Engine::run`] with the holds that do not apply to the pod given back.
+    #[allow(clippy::too_many_arguments)]
+    fn run_as_seen<T>(
+        &mut self,
+        pod: &k8s_openapi::api::core::v1::Pod,
+        pod_key: &ObjectKey,
+        budget: Duration,
+        cancel: Option<&AtomicBool>,
+        search: Search,
+        scope: Scope<'_>,
+        decide: impl FnOnce(Verdict<'_>) -> T,
+    ) -> Result<T, String> {
+        let framework = self.framework()?;
+        let pod = pod.clone();
         let requests = pod_requests(&pod).map_err(|e| format!("pod {pod_key}: {e}"))?;
         let served: Vec<String> =
             extended::requests_served_by_dra(&requests, &self.state().classes)

@@ -2,7 +2,7 @@
 //! (the cycle itself is in `cycle.rs`). Decisions are assumed into the state until their
 //! writes land, and forgotten when a write fails.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -33,6 +33,9 @@ pub struct EngineConfig {
     /// kube-scheduler's DRASchedulerFilterTimeout, 10 s by default). A pod that reaches it
     /// is unschedulable for this attempt, with a message that says so.
     pub filter_timeout: Duration,
+    /// Whether [`Engine::preempt`] may evict lower-priority pods (kube-scheduler's
+    /// DefaultPreemption, which the profile must also enable; on by default).
+    pub preemption: bool,
 }
 
 /// kube-scheduler's default for DRASchedulerFilterTimeout.
@@ -46,6 +49,7 @@ impl Default for EngineConfig {
             features: Features::default(),
             profile: Profile::default(),
             filter_timeout: DEFAULT_FILTER_TIMEOUT,
+            preemption: true,
         }
     }
 }
@@ -205,6 +209,20 @@ pub struct Engine {
     /// Claims of other PodGroup members whose devices the last cycle chose again
     /// (`crate::group`'s repair step), with their new allocations.
     revised: std::sync::Mutex<Vec<(ObjectKey, AllocationResult)>>,
+    /// Devices held for pods nominated by a preemption ([`Engine::nominate`]), by pod.
+    nominations: BTreeMap<ObjectKey, Hold>,
+}
+
+/// What a preemption freed, held for the nominated pod while its victims terminate: in
+/// the allocator's view these devices are taken, except in the cycles of the nominated pod
+/// itself and of pods of higher priority (kube-scheduler's nominated pods count only for
+/// pods of lower or equal priority).
+#[derive(Clone, Debug)]
+struct Hold {
+    uid: Option<String>,
+    priority: i32,
+    node: String,
+    allocations: Vec<AllocationResult>,
 }
 
 impl Engine {
@@ -219,6 +237,7 @@ impl Engine {
             changes: Changes::default(),
             forked_at: None,
             revised: Default::default(),
+            nominations: BTreeMap::new(),
         }
     }
 
@@ -236,6 +255,7 @@ impl Engine {
             changes: Changes::default(),
             forked_at: Some(self.changes.now()),
             revised: Default::default(),
+            nominations: self.nominations.clone(),
         }
     }
 
@@ -437,6 +457,11 @@ impl Engine {
             .claims
             .values()
             .filter_map(|c| c.status.as_ref()?.allocation.clone())
+            .chain(
+                self.nominations
+                    .values()
+                    .flat_map(|h| h.allocations.iter().cloned()),
+            )
             .collect();
         let snapshot = Arc::new(Snapshot::new(SnapshotInput {
             classes: self.state.classes.clone(),
@@ -463,8 +488,10 @@ impl Engine {
     }
 
     /// Take a scheduled decision: claims get their allocation and the pod in `reservedFor`,
-    /// the pod is bound to the node, and every later cycle sees it.
+    /// the pod is bound to the node, and every later cycle sees it. A nomination of the pod
+    /// ([`Engine::nominate`]) ends: its own claims hold its devices now.
     pub fn assume(&mut self, placement: &Placement) {
+        self.release_nomination(&placement.pod);
         for decision in &placement.claims {
             let claim = self
                 .state
@@ -656,7 +683,9 @@ impl Engine {
         self.state.upsert_pod(pod);
     }
 
+    /// Remove a pod; a nomination of it ends.
     pub fn remove_pod(&mut self, key: &ObjectKey) {
+        self.release_nomination(key);
         self.changes.forget_pod(key);
         if let Some(node) = self.state.remove_pod(key).as_ref().and_then(bound_node) {
             self.changes.node(node);
@@ -746,6 +775,119 @@ impl Engine {
             }
         }
         self.assume(&missing);
+    }
+}
+
+/// Devices held for nominated pods (see [`crate::preemption`]).
+impl Engine {
+    /// Hold what `preemption` freed for its pod: the devices of `preemption.placement`
+    /// count as taken for every other pod of lower or equal priority until
+    /// [`Engine::release_nomination`] (or until the pod is assumed or removed); the
+    /// nominated pod itself, and pods of higher priority, see them free. A second
+    /// nomination of the same pod replaces the first.
+    ///
+    /// Only devices are held: CPU, memory and other node resources the victims free are
+    /// not (kube-scheduler holds those too, through the nominated pod's requests).
+    pub fn nominate(&mut self, preemption: &crate::preemption::Preemption) {
+        self.release_nomination(&preemption.pod);
+        let priority = self
+            .state
+            .pods
+            .get(&preemption.pod)
+            .map(crate::plugins::priority_sort::priority)
+            .unwrap_or(0);
+        let allocations: Vec<AllocationResult> = preemption
+            .placement
+            .claims
+            .iter()
+            .filter_map(|d| d.allocation.clone())
+            .collect();
+        for allocation in &allocations {
+            self.take(allocation);
+        }
+        self.nominations.insert(
+            preemption.pod.clone(),
+            Hold {
+                uid: preemption.placement.pod_uid.clone(),
+                priority,
+                node: preemption.node.clone(),
+                allocations,
+            },
+        );
+    }
+
+    /// End the hold of [`Engine::nominate`]: the devices are free for every pod again
+    /// (unless something else holds them). Nothing happens when the pod holds nothing.
+    pub fn release_nomination(&mut self, pod: &ObjectKey) {
+        if let Some(hold) = self.nominations.remove(pod) {
+            for allocation in &hold.allocations {
+                self.release(allocation);
+            }
+        }
+    }
+
+    /// The node a preemption nominated the pod for, while it holds devices there.
+    pub fn nominated_node(&self, pod: &ObjectKey) -> Option<&str> {
+        self.nominations.get(pod).map(|h| h.node.as_str())
+    }
+
+    /// Before a cycle of `pod`: give back, in the allocator's view, the holds that do not
+    /// apply to it (its own, and those of pods of lower priority). Returns them for
+    /// [`Engine::restore_holds`] after the cycle.
+    pub(crate) fn lift_holds(&mut self, key: &ObjectKey, pod: &Pod) -> Vec<AllocationResult> {
+        let priority = crate::plugins::priority_sort::priority(pod);
+        let lifted: Vec<AllocationResult> = self
+            .nominations
+            .iter()
+            .filter(|(k, h)| {
+                let own = *k == key && (h.uid.is_none() || h.uid == pod.metadata.uid);
+                own || priority > h.priority
+            })
+            .flat_map(|(_, h)| h.allocations.iter().cloned())
+            .collect();
+        if lifted.is_empty() {
+            return lifted;
+        }
+        if self.snapshot.as_mut().and_then(Arc::get_mut).is_none() {
+            // Shared (or not built): a view of our own, with every hold in it.
+            self.snapshot = None;
+        }
+        self.snapshot();
+        let snapshot = self
+            .snapshot
+            .as_mut()
+            .and_then(Arc::get_mut)
+            .expect("just built, not shared");
+        for allocation in &lifted {
+            snapshot.remove_allocation(allocation);
+        }
+        lifted
+    }
+
+    /// After the cycle: the holds [`Engine::lift_holds`] gave back are taken again.
+    pub(crate) fn restore_holds(&mut self, lifted: Vec<AllocationResult>) {
+        if lifted.is_empty() {
+            return;
+        }
+        match self.snapshot.as_mut().and_then(Arc::get_mut) {
+            Some(snapshot) => {
+                for allocation in &lifted {
+                    snapshot.add_allocation(allocation);
+                }
+            }
+            // Rebuilt from the state and every hold on the next cycle.
+            None => self.snapshot = None,
+        }
+    }
+
+    /// Count `allocation`'s devices as taken in the allocator's view.
+    fn take(&mut self, allocation: &AllocationResult) {
+        self.changes.allocation(allocation);
+        if let Some(snapshot) = self.snapshot.as_mut().and_then(Arc::get_mut) {
+            snapshot.add_allocation(allocation);
+        } else {
+            self.snapshot = None;
+        }
     }
 }
 

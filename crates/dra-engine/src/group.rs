@@ -31,8 +31,9 @@
 //! Not implemented, so refused by name (the group stays unplaced with a message naming the
 //! field, never placed while it is ignored): `spec.parentCompositePodGroupName`
 //! (CompositePodGroup).
-//! `disruptionMode` and `preemptionPolicy` are about disruption and preemption, which this
-//! scheduler does not do; `priority` orders the queue, which is the caller's.
+//! `disruptionMode` decides whether preemption evicts the members as one victim
+//! ([`crate::preemption`]); a PodGroup does not preempt, so `preemptionPolicy` is not
+//! read; `priority` orders the queue, which is the caller's.
 //!
 //! Like [`Engine::schedule`], nothing changes in the state: [`Engine::assume_group`] takes
 //! a scheduled group (every member's placement, in order), [`Engine::forget_group`] takes it

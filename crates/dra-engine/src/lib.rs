@@ -14,6 +14,9 @@
 //! - [`Engine::schedule_group`] places a PodGroup's members in one decision ([`group`]:
 //!   gang `minCount`, joint allocation of the members' devices, topology domains), taken
 //!   with [`Engine::assume_group`] and given back with [`Engine::forget_group`].
+//! - [`Engine::preempt`] (PostFilter, [`preemption`]) finds the pods of lower priority to
+//!   evict so that a pod that fits nowhere fits, counting the devices their claims give
+//!   back; [`Engine::nominate`] holds those devices for the pod while the victims go.
 //!
 //! Nothing here does I/O: the same code serves the live daemon and the offline simulator.
 //!
@@ -40,6 +43,7 @@ pub mod extended;
 pub mod framework;
 pub mod group;
 pub mod plugins;
+pub mod preemption;
 pub mod resources;
 pub mod state;
 
@@ -50,4 +54,5 @@ pub use engine::{
 };
 pub use framework::Profile;
 pub use group::{GroupDecision, GroupPlacement};
+pub use preemption::{Preemption, Victim};
 pub use state::{ClusterInput, ClusterState, NodeInfo, ObjectKey};

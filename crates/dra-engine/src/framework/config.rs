@@ -604,9 +604,9 @@ mod tests {
     fn what_is_not_supported_is_an_error_naming_the_field() {
         let err = |v: Value| profile_config(&v, "profiles[0]").unwrap_err();
         assert_eq!(
-            err(json!({"plugins": {"postFilter": {"enabled": [{"name": "DefaultPreemption"}]}}})),
-            "profiles[0].plugins.postFilter.enabled[0]: plugin DefaultPreemption is not supported: \
-             preemption is not implemented yet: a pod that does not fit waits, nothing is evicted"
+            err(json!({"plugins": {"filter": {"enabled": [{"name": "DeferredPodScheduling"}]}}})),
+            "profiles[0].plugins.filter.enabled[0]: plugin DeferredPodScheduling is not supported: \
+             in-place resize preemption is not supported"
         );
         assert_eq!(
             err(json!({"plugins": {"filter": {"enabled": [{"name": "Coscheduling"}]}}})),

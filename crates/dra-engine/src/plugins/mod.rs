@@ -21,7 +21,7 @@
 //! | ImageLocality | Score | as upstream |
 //! | DynamicResources | PreEnqueue, PreFilter, Filter, PostFilter, PreScore, Score, Reserve, PreBind | the allocator (`dra-allocator`) |
 //! | DefaultBinder | Bind | the daemon's binder |
-//! | DefaultPreemption | PostFilter | not yet (#17): a pod that does not fit waits; nothing is evicted |
+//! | DefaultPreemption | PostFilter | `Engine::preempt` (`crate::preemption`): as upstream (lower priority only, `preemptionPolicy: Never`, PodDisruptionBudgets, the reprieve loop), with victims' devices counted (a claim is freed only when all its consumers are victims), PodGroups with `disruptionMode: all` evicted whole, and the node chosen by fewest victims before their priorities; `Engine::nominate` holds the freed devices; a PodGroup does not preempt |
 //! | NodeDeclaredFeatures | PreFilter, Filter | as upstream: all three features a new pod can need are inferred |
 //! | GangScheduling, TopologyPlacementGenerator, PodGroupPodsCount | PreEnqueue, the PodGroup cycle | PodGroups (`crate::group`, and the daemon's queue): a gang is placed whole or not at all with its members' devices chosen jointly, `schedulingConstraints.topology` in the best-fitting domain, members wait without an attempt until `minCount` pods exist; always on where the API server serves PodGroups (behind gates off by default in 1.37): enabling them is accepted, disabling one is an error |
 //! | DeferredPodScheduling | PreFilter, Filter, Permit | behind InPlacePodVerticalScalingSchedulerPreemption, alpha and off by default in 1.37; not implemented (enabling it is an error) |
@@ -34,6 +34,7 @@ use std::sync::Arc;
 
 use crate::framework::{PluginArgs, Point};
 
+pub mod default_preemption;
 pub mod device_scores;
 pub mod dynamic_resources;
 pub mod image_locality;
@@ -73,6 +74,7 @@ pub const DEFAULT: &[(&str, i64)] = &[
     ("PodTopologySpread", 2),
     ("InterPodAffinity", 2),
     ("DynamicResources", 2),
+    ("DefaultPreemption", 0),
     ("NodeResourcesBalancedAllocation", 1),
     ("ImageLocality", 1),
     ("NodeDeclaredFeatures", 0),
@@ -92,16 +94,10 @@ pub const ALWAYS_ON: &[&str] = &[
 ];
 
 /// Plugins kube-scheduler has that are not implemented here, and why.
-pub const NOT_IMPLEMENTED: &[(&str, &str)] = &[
-    (
-        "DefaultPreemption",
-        "preemption is not implemented yet: a pod that does not fit waits, nothing is evicted",
-    ),
-    (
-        "DeferredPodScheduling",
-        "in-place resize preemption is not supported",
-    ),
-];
+pub const NOT_IMPLEMENTED: &[(&str, &str)] = &[(
+    "DeferredPodScheduling",
+    "in-place resize preemption is not supported",
+)];
 
 /// The extension points a plugin implements, by name; `None` for an unknown plugin.
 pub fn points_of(name: &str) -> Option<&'static [Point]> {
@@ -126,6 +122,7 @@ pub fn points_of(name: &str) -> Option<&'static [Point]> {
             PreEnqueue, PreFilter, Filter, PostFilter, PreScore, Score, Reserve, PreBind,
         ],
         "DefaultBinder" => &[Bind],
+        "DefaultPreemption" => &[PostFilter],
         _ => return None,
     })
 }
@@ -171,6 +168,7 @@ pub fn build(name: &str, args: &PluginArgs) -> Option<Arc<dyn crate::framework::
         "DynamicResources" => Arc::new(dynamic_resources::DynamicResources),
         "NUMAAlignment" => Arc::new(device_scores::NumaAlignment),
         "DevicePacking" => Arc::new(device_scores::DevicePacking),
+        "DefaultPreemption" => Arc::new(default_preemption::DefaultPreemption),
         _ => return None,
     })
 }
