@@ -51,6 +51,10 @@ struct SimulateArgs {
     /// Exit with status 2 when any pod stays pending.
     #[arg(long)]
     fail_on_pending: bool,
+    /// Never evict pods of lower priority for a pod that fits nowhere (by default such a
+    /// pod preempts them, as in the cluster, and the report lists who is evicted).
+    #[arg(long)]
+    no_preemption: bool,
     /// Manifest files and directories (YAML or JSON, several documents a file).
     #[arg(required = true)]
     paths: Vec<PathBuf>,
@@ -79,6 +83,7 @@ fn run_simulate(args: SimulateArgs) -> ExitCode {
     let mut options = simulate::Options {
         scheduler_name: args.scheduler_name.clone(),
         all_schedulers: args.all_schedulers,
+        preemption: !args.no_preemption,
         ..Default::default()
     };
     if let Some(path) = args.config {

@@ -522,3 +522,82 @@ fn a_member_of_a_pod_group_that_does_not_exist_waits_and_says_so() {
         "waiting for PodGroup default/missing, which does not exist"
     );
 }
+
+#[test]
+fn preemption_evicts_the_two_youngest_batch_pods_for_the_urgent_one() {
+    let r = simulate(&["examples/preemption"]);
+    assert_eq!(r.node("default/inference"), Some("gpu-node-1"));
+    assert_eq!(
+        r.devices("default/inference-gpus"),
+        [
+            "gpu.nvidia.com/gpu-node-1/gpu-2",
+            "gpu.nvidia.com/gpu-node-1/gpu-3"
+        ]
+    );
+    assert_eq!(
+        r.message("default/inference"),
+        "preempting 2 pods on gpu-node-1 (default/batch-2, default/batch-3) \
+         for 2 devices of DeviceClass gpu.nvidia.com"
+    );
+    // Exactly the two youngest go; the older two keep running on their GPUs.
+    for old in ["default/batch-0", "default/batch-1"] {
+        assert_eq!(r.node(old), Some("gpu-node-1"));
+    }
+    for young in ["default/batch-2", "default/batch-3"] {
+        assert_eq!(r.node(young), None);
+        assert_eq!(
+            r.message(young),
+            "evicted from gpu-node-1: preempted by default/inference (priority 1000 > 0)"
+        );
+        assert!(
+            r.devices(&format!("{young}-gpu")).is_empty(),
+            "{young}'s GPU is freed"
+        );
+        assert!(r.reserved_for(&format!("{young}-gpu")).is_empty());
+    }
+    let preemptions = r.0["preemptions"].as_array().unwrap();
+    assert_eq!(preemptions.len(), 1);
+    assert_eq!(preemptions[0]["name"], "inference");
+    assert_eq!(preemptions[0]["node"], "gpu-node-1");
+    let victims: Vec<(&str, &str)> = preemptions[0]["victims"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["name"].as_str().unwrap(),
+                v["freedClaims"][0].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        victims,
+        [
+            ("batch-2", "default/batch-2-gpu"),
+            ("batch-3", "default/batch-3-gpu")
+        ]
+    );
+    // A pod of the victims' own priority cannot preempt them; nothing is said of it.
+    assert_eq!(r.node("default/batch-late"), None);
+    assert!(!r.message("default/batch-late").contains("preemption"));
+}
+
+#[test]
+fn no_preemption_leaves_the_urgent_pod_pending_and_evicts_nothing() {
+    let r = simulate(&["--no-preemption", "examples/preemption"]);
+    assert_eq!(r.node("default/inference"), None);
+    for i in 0..4 {
+        assert_eq!(r.node(&format!("default/batch-{i}")), Some("gpu-node-1"));
+    }
+    assert!(r.0.get("preemptions").is_none());
+    let out = run(&["simulate", "examples/preemption"]);
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        table.contains("default/batch-3     EVICTED"),
+        "the table marks evicted pods:\n{table}"
+    );
+    assert!(
+        table.contains("\nEVICTED          NODE        FOR\n"),
+        "{table}"
+    );
+}

@@ -4,6 +4,16 @@
 //! `spec.schedulingGroup` are scheduled with their group, in one decision
 //! ([`dra_engine::Engine::schedule_group`]), and the report says per group whether it was
 //! placed and why not.
+//!
+//! Preemption (on unless `--no-preemption`): a pod that fits nowhere is given to
+//! [`dra_engine::Engine::preempt`]; when evicting pods of lower priority lets it fit, the
+//! victims are removed from the simulated cluster at once (their claims lose them from
+//! `reservedFor`; a freed claim is deallocated, or deleted when it was made from a template
+//! for a victim, as kube-controller-manager does: [`dra_engine::Engine::evict`]) and the
+//! pod is placed where the preemption nominated it, on the devices it freed. The report
+//! lists each preemption and marks its victims as evicted. Evicted pods are not scheduled
+//! again (in a cluster their controllers would make new ones). PodDisruptionBudgets are not
+//! read from the manifests, so none constrains the choice; PodGroups do not preempt.
 
 pub mod expand;
 pub mod limits;
@@ -16,7 +26,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use dra_engine::group::pod_group_name;
-use dra_engine::{ClusterInput, Decision, Engine, EngineConfig, GroupDecision, ObjectKey, Profile};
+use dra_engine::{
+    ClusterInput, Decision, Engine, EngineConfig, GroupDecision, ObjectKey, Preemption, Profile,
+};
 use k8s_openapi::api::scheduling::v1beta1::{PodGroup, Workload};
 
 /// What to simulate and how to report it.
@@ -28,6 +40,8 @@ pub struct Options {
     pub profile: Profile,
     pub percentage_of_nodes_to_score: u32,
     pub filter_timeout: std::time::Duration,
+    /// Evict pods of lower priority for a pod that fits nowhere (`--no-preemption`: off).
+    pub preemption: bool,
 }
 
 impl Default for Options {
@@ -39,6 +53,7 @@ impl Default for Options {
             profile: engine.profile,
             percentage_of_nodes_to_score: engine.percentage_of_nodes_to_score,
             filter_timeout: engine.filter_timeout,
+            preemption: engine.preemption,
         }
     }
 }
@@ -59,6 +74,8 @@ pub struct Simulation {
     pub claim_order: Vec<ObjectKey>,
     /// Every PodGroup with pending members, in the order they were scheduled.
     pub groups: Vec<GroupOutcome>,
+    /// The preemptions made, in order: each pod placed by evicting others.
+    pub preemptions: Vec<Preemption>,
 }
 
 /// The scheduling objects of `scheduling.k8s.io/v1beta1` in the manifests.
@@ -138,6 +155,7 @@ pub fn simulate_groups(options: &Options, input: ClusterInput, groups: Groups) -
         profile: options.profile.clone(),
         percentage_of_nodes_to_score: options.percentage_of_nodes_to_score,
         filter_timeout: options.filter_timeout,
+        preemption: options.preemption,
         ..Default::default()
     };
     let mut engine = Engine::new(config, input);
@@ -148,6 +166,7 @@ pub fn simulate_groups(options: &Options, input: ClusterInput, groups: Groups) -
     let mut decisions: HashMap<ObjectKey, Decision> = HashMap::new();
     let mut claim_order = claim_order;
     let mut group_outcomes = Vec::new();
+    let mut preemptions = Vec::new();
     for key in &queue {
         if decisions.contains_key(key) {
             continue;
@@ -169,7 +188,20 @@ pub fn simulate_groups(options: &Options, input: ClusterInput, groups: Groups) -
             continue;
         }
         let key = key.clone();
-        let decision = engine.schedule(&key);
+        let mut decision = engine.schedule(&key);
+        if let Decision::Unschedulable { message, .. } = &mut decision
+            && options.preemption
+        {
+            match preempt(&mut engine, &groups, &key) {
+                Some(Ok(preemption)) => {
+                    engine.evict(&preemption);
+                    decision = Decision::Scheduled(preemption.placement.clone());
+                    preemptions.push(preemption);
+                }
+                Some(Err(why)) => *message = format!("{message} preemption: {why}"),
+                None => {}
+            }
+        }
         if let Decision::Scheduled(placement) = &decision {
             engine.assume(placement);
             for c in placement.claims.iter().filter(|c| c.create) {
@@ -190,7 +222,31 @@ pub fn simulate_groups(options: &Options, input: ClusterInput, groups: Groups) -
         pods,
         claim_order,
         groups: group_outcomes,
+        preemptions,
     }
+}
+
+/// PostFilter for a pod that fits nowhere: a preemption, or why none helps. `None` when
+/// no pod of lower priority is bound anywhere (nothing to say about preemption then).
+fn preempt(
+    engine: &mut Engine,
+    groups: &Groups,
+    key: &ObjectKey,
+) -> Option<Result<Preemption, String>> {
+    let priority =
+        |p: &k8s_openapi::api::core::v1::Pod| p.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+    let mine = priority(engine.state().pods.get(key)?);
+    let lower = engine.state().nodes.values().any(|n| {
+        n.pod_keys
+            .iter()
+            .filter_map(|k| engine.state().pods.get(k))
+            .any(|p| priority(p) < mine)
+    });
+    if !lower {
+        return None;
+    }
+    let budget = engine.config().filter_timeout;
+    Some(engine.preempt_with_groups(key, budget, &[], &groups.pod_groups))
 }
 
 /// Schedule the pending members of `group` (in queue order) in one decision, assume it,

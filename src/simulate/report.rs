@@ -1,6 +1,7 @@
 //! The two report formats of `simulate`: a table for a terminal and a JSON document for
 //! tools (its schema is fixed: `pods[]` and `claims[]`; `groups[]`, one entry per PodGroup
-//! with pending members, is added only when there are any).
+//! with pending members, is added only when there are any; so is `preemptions[]`, one
+//! entry per pod placed by evicting others, with its victims).
 
 use serde::Serialize;
 use serde_json::Value;
@@ -14,6 +15,9 @@ struct PodReport {
     name: String,
     node: Option<String>,
     message: Option<String>,
+    /// Evicted by a preemption (the table says so in place of PENDING).
+    #[serde(skip)]
+    evicted: bool,
 }
 
 #[derive(Serialize)]
@@ -51,16 +55,62 @@ struct GroupReport {
 }
 
 #[derive(Serialize)]
+struct VictimReport {
+    namespace: String,
+    name: String,
+    /// Where it ran.
+    node: String,
+    priority: i32,
+    /// Claims whose devices its eviction gave back, `namespace/name`.
+    #[serde(rename = "freedClaims")]
+    freed_claims: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct PreemptionReport {
+    /// The pod that preempted.
+    namespace: String,
+    name: String,
+    /// Where it was placed.
+    node: String,
+    victims: Vec<VictimReport>,
+    message: String,
+}
+
+#[derive(Serialize)]
 struct Report {
     pods: Vec<PodReport>,
     claims: Vec<ClaimReport>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     groups: Vec<GroupReport>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    preemptions: Vec<PreemptionReport>,
 }
 
 fn report(sim: &Simulation) -> Report {
     let state = sim.engine.state();
     let scheduler = &sim.engine.config().scheduler_name;
+    // Pods that preempted, and pods evicted: what the table and `message` say of them.
+    let mut preempted: std::collections::HashMap<&dra_engine::ObjectKey, String> =
+        Default::default();
+    let mut evicted: std::collections::HashMap<&dra_engine::ObjectKey, String> = Default::default();
+    for p in &sim.preemptions {
+        preempted.insert(&p.pod, p.message.clone());
+        let priority = state
+            .pods
+            .get(&p.pod)
+            .and_then(|pod| pod.spec.as_ref()?.priority)
+            .unwrap_or(0);
+        for v in &p.victims {
+            evicted.insert(
+                &v.pod,
+                format!(
+                    "evicted from {}: preempted by {} (priority {priority} > {})",
+                    v.node, p.pod, v.priority
+                ),
+            );
+        }
+    }
     let pods = sim
         .pods
         .iter()
@@ -68,6 +118,8 @@ fn report(sim: &Simulation) -> Report {
             let pod = state.pods.get(key);
             let node = pod.and_then(bound_node).map(str::to_string);
             let message = match decision {
+                _ if evicted.contains_key(key) => evicted.get(key).cloned(),
+                Some(_) if preempted.contains_key(key) => preempted.get(key).cloned(),
                 Some(d) => d.message().map(str::to_string),
                 None if node.is_none() => {
                     let theirs = pod
@@ -79,7 +131,13 @@ fn report(sim: &Simulation) -> Report {
                 }
                 None => None,
             };
-            PodReport { namespace: key.namespace.clone(), name: key.name.clone(), node, message }
+            PodReport {
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+                node,
+                message,
+                evicted: evicted.contains_key(key),
+            }
         })
         .collect();
     let claims = sim
@@ -120,15 +178,46 @@ fn report(sim: &Simulation) -> Report {
             message: g.message.clone(),
         })
         .collect();
+    let preemptions = sim
+        .preemptions
+        .iter()
+        .map(|p| PreemptionReport {
+            namespace: p.pod.namespace.clone(),
+            name: p.pod.name.clone(),
+            node: p.node.clone(),
+            victims: p
+                .victims
+                .iter()
+                .map(|v| VictimReport {
+                    namespace: v.pod.namespace.clone(),
+                    name: v.pod.name.clone(),
+                    node: v.node.clone(),
+                    priority: v.priority,
+                    freed_claims: v.freed_claims.iter().map(|c| c.to_string()).collect(),
+                })
+                .collect(),
+            message: p.message.clone(),
+        })
+        .collect();
     Report {
         pods,
         claims,
         groups,
+        preemptions,
     }
 }
 
 pub fn json(sim: &Simulation) -> String {
     serde_json::to_string_pretty(&report(sim)).expect("the report serializes")
+}
+
+/// The node, else why there is none: PENDING, or EVICTED by a preemption.
+fn node_or_state(p: &PodReport) -> &str {
+    match &p.node {
+        Some(node) => node,
+        None if p.evicted => "EVICTED",
+        None => "PENDING",
+    }
 }
 
 pub fn table(sim: &Simulation) -> String {
@@ -144,7 +233,7 @@ pub fn table(sim: &Simulation) -> String {
     let node_width = r
         .pods
         .iter()
-        .map(|p| p.node.as_deref().unwrap_or("PENDING").len())
+        .map(|p| node_or_state(p).len())
         .max()
         .unwrap_or(4)
         .max(4);
@@ -154,7 +243,7 @@ pub fn table(sim: &Simulation) -> String {
     ));
     for p in &r.pods {
         let name = format!("{}/{}", p.namespace, p.name);
-        let node = p.node.as_deref().unwrap_or("PENDING");
+        let node = node_or_state(p);
         out.push_str(
             format!(
                 "{name:pod_width$}  {node:node_width$}  {}\n",
@@ -226,6 +315,32 @@ pub fn table(sim: &Simulation) -> String {
             };
             out.push_str(format!("{name:group_width$}  {placed:6}  {why}\n").trim_end());
             out.push('\n');
+        }
+    }
+    let victims: Vec<(String, &str, String)> = r
+        .preemptions
+        .iter()
+        .flat_map(|p| {
+            p.victims.iter().map(move |v| {
+                (
+                    format!("{}/{}", v.namespace, v.name),
+                    v.node.as_str(),
+                    format!("{}/{}", p.namespace, p.name),
+                )
+            })
+        })
+        .collect();
+    if !victims.is_empty() {
+        let victim_width = victims.iter().map(|v| v.0.len()).max().unwrap_or(7).max(7);
+        let node_width = victims.iter().map(|v| v.1.len()).max().unwrap_or(4).max(4);
+        out.push_str(&format!(
+            "\n{:victim_width$}  {:node_width$}  FOR\n",
+            "EVICTED", "NODE"
+        ));
+        for (victim, node, by) in &victims {
+            out.push_str(&format!(
+                "{victim:victim_width$}  {node:node_width$}  {by}\n"
+            ));
         }
     }
     out

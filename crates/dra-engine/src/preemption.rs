@@ -622,9 +622,10 @@ impl Scratch {
                     continue;
                 }
                 let pod_key = ObjectKey::new(key.namespace.clone(), r.name.clone());
-                let same = state.pods.get(&pod_key).is_some_and(|p| {
-                    r.uid.is_empty() || p.metadata.uid.as_deref() == Some(r.uid.as_str())
-                });
+                let same = state
+                    .pods
+                    .get(&pod_key)
+                    .is_some_and(|p| claims::is_pod(r, &r.name, p.metadata.uid.as_deref()));
                 if same {
                     claims_of.entry(pod_key).or_default().push(key.clone());
                     original_claims.insert(key.clone(), claim.clone());
@@ -814,8 +815,7 @@ impl Scratch {
                 match self.engine.state().pods.get(&pod) {
                     None => true,
                     Some(p) => {
-                        is_terminal(p)
-                            || (!r.uid.is_empty() && p.metadata.uid.as_deref() != Some(&r.uid))
+                        is_terminal(p) || !claims::is_pod(r, &r.name, p.metadata.uid.as_deref())
                     }
                 }
             })
