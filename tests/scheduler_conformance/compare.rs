@@ -109,7 +109,7 @@ pub fn cluster_input(case: &Case) -> ClusterInput {
         storage_classes: objects(&case.storage_classes, "StorageClass"),
         csi_nodes: objects(&case.csi_nodes, "CSINode"),
         csi_drivers: objects(&case.csi_drivers, "CSIDriver"),
-        volume_attachments: Vec::new(),
+        volume_attachments: objects(&case.volume_attachments, "VolumeAttachment"),
         services: objects(&case.services, "Service"),
         replication_controllers: objects(&case.replication_controllers, "ReplicationController"),
         replica_sets: objects(&case.replica_sets, "ReplicaSet"),

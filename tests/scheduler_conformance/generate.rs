@@ -121,6 +121,8 @@ pub struct Case {
     pub storage_classes: Vec<Value>,
     pub csi_nodes: Vec<Value>,
     pub csi_drivers: Vec<Value>,
+    /// Volumes attached to nodes, which NodeVolumeLimits counts toward the CSINode limits.
+    pub volume_attachments: Vec<Value>,
     pub resource_claims: Vec<Value>,
     pub device_classes: Vec<Value>,
     pub resource_slices: Vec<Value>,
@@ -201,6 +203,9 @@ pub fn generate(family: Family, seed: u64) -> Case {
     // Last, so that the cases drawn before are unchanged by it.
     if family.spread() {
         g.workloads();
+    }
+    if family.volumes() {
+        g.volume_attachments();
     }
     g.case
 }
@@ -901,6 +906,77 @@ impl Gen<'_> {
     /// Services and controllers (ReplicaSets, StatefulSets, ReplicationControllers) that
     /// select some of the pods, which then get PodTopologySpread's default constraints when
     /// they have none of their own; and, in the config family, `List` defaults.
+    /// VolumeAttachments: of CSI volumes, some on the node of a bound pod that uses the
+    /// same volume (counted once), some elsewhere (the volume of a pod gone), and some that
+    /// do not count: no attacher, an inline volume, a missing or non-CSI PersistentVolume.
+    fn volume_attachments(&mut self) {
+        // Where bound pods use each PersistentVolume, through their claims.
+        let mut used_on: Vec<(String, String)> = Vec::new();
+        for pod in &self.case.pods {
+            let (Some(node), Some(volumes)) = (
+                pod["spec"]["nodeName"].as_str(),
+                pod["spec"]["volumes"].as_array(),
+            ) else {
+                continue;
+            };
+            let namespace = &pod["metadata"]["namespace"];
+            for claim in volumes
+                .iter()
+                .filter_map(|v| v["persistentVolumeClaim"]["claimName"].as_str())
+            {
+                let pv = self.case.persistent_volume_claims.iter().find(|c| {
+                    c["metadata"]["namespace"] == *namespace && c["metadata"]["name"] == claim
+                });
+                if let Some(pv) = pv.and_then(|c| c["spec"]["volumeName"].as_str()) {
+                    used_on.push((pv.to_string(), node.to_string()));
+                }
+            }
+        }
+        let mut sources: Vec<(Value, Option<String>)> = Vec::new();
+        for pv in &self.case.persistent_volumes {
+            let name = pv["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let csi = !pv["spec"]["csi"].is_null();
+            if (csi && self.rng.chance(70)) || (!csi && self.rng.chance(10)) {
+                let used = used_on
+                    .iter()
+                    .find(|(v, _)| *v == name)
+                    .map(|(_, n)| n.clone());
+                sources.push((json!({"persistentVolumeName": name}), used));
+            }
+        }
+        if self.rng.chance(10) {
+            sources.push((json!({"persistentVolumeName": "pv-gone"}), None));
+        }
+        if self.rng.chance(10) {
+            sources.push((
+                json!({"inlineVolumeSpec": {"accessModes": ["ReadWriteOnce"],
+                        "csi": {"driver": CSI, "volumeHandle": "inline-1"}}}),
+                None,
+            ));
+        }
+        for (i, (source, used_on)) in sources.into_iter().enumerate() {
+            let node = match used_on {
+                Some(node) if self.rng.chance(80) => node,
+                _ if self.rng.chance(5) => "node-gone".to_string(),
+                _ => self.rng.pick(&self.node_names).clone(),
+            };
+            let attacher = match self.rng.below(20) {
+                0 => "",
+                1 | 2 => "other.csi.example.com",
+                _ => CSI,
+            };
+            let name = format!("va-{i}");
+            self.case.volume_attachments.push(json!({
+                "metadata": {"name": name, "uid": format!("uid-va-{name}")},
+                "spec": {"attacher": attacher, "nodeName": node, "source": source},
+                "status": {"attached": true},
+            }));
+        }
+    }
+
     fn workloads(&mut self) {
         for namespace in NAMESPACES {
             for app in APPS {

@@ -15,7 +15,9 @@
 //	 "pending": ["namespace/name", ...] (pods of "pods" to evaluate, in this order),
 //	 "namespaces": [Namespace], "persistentVolumes": [PersistentVolume],
 //	 "persistentVolumeClaims": [PersistentVolumeClaim], "storageClasses": [StorageClass],
-//	 "csiNodes": [CSINode], "csiDrivers": [CSIDriver], "resourceClaims": [ResourceClaim],
+//	 "csiNodes": [CSINode], "csiDrivers": [CSIDriver],
+//	 "volumeAttachments": [VolumeAttachment] (NodeVolumeLimits counts them),
+//	 "resourceClaims": [ResourceClaim],
 //	 "deviceClasses": [DeviceClass], "resourceSlices": [ResourceSlice],
 //	 "services": [Service], "replicationControllers": [ReplicationController],
 //	 "replicaSets": [ReplicaSet], "statefulSets": [StatefulSet] (what PodTopologySpread's
@@ -95,23 +97,24 @@ import (
 )
 
 type cluster struct {
-	Nodes                  []v1.Node                   `json:"nodes"`
-	Pods                   []v1.Pod                    `json:"pods"`
-	Pending                []string                    `json:"pending"`
-	Namespaces             []v1.Namespace              `json:"namespaces"`
-	PersistentVolumes      []v1.PersistentVolume       `json:"persistentVolumes"`
-	PersistentVolumeClaims []v1.PersistentVolumeClaim  `json:"persistentVolumeClaims"`
-	StorageClasses         []storagev1.StorageClass    `json:"storageClasses"`
-	CSINodes               []storagev1.CSINode         `json:"csiNodes"`
-	CSIDrivers             []storagev1.CSIDriver       `json:"csiDrivers"`
-	ResourceClaims         []resourceapi.ResourceClaim `json:"resourceClaims"`
-	DeviceClasses          []resourceapi.DeviceClass   `json:"deviceClasses"`
-	ResourceSlices         []resourceapi.ResourceSlice `json:"resourceSlices"`
-	Services               []v1.Service                `json:"services"`
-	ReplicationControllers []v1.ReplicationController  `json:"replicationControllers"`
-	ReplicaSets            []appsv1.ReplicaSet         `json:"replicaSets"`
-	StatefulSets           []appsv1.StatefulSet        `json:"statefulSets"`
-	Config                 json.RawMessage             `json:"config"`
+	Nodes                  []v1.Node                    `json:"nodes"`
+	Pods                   []v1.Pod                     `json:"pods"`
+	Pending                []string                     `json:"pending"`
+	Namespaces             []v1.Namespace               `json:"namespaces"`
+	PersistentVolumes      []v1.PersistentVolume        `json:"persistentVolumes"`
+	PersistentVolumeClaims []v1.PersistentVolumeClaim   `json:"persistentVolumeClaims"`
+	StorageClasses         []storagev1.StorageClass     `json:"storageClasses"`
+	CSINodes               []storagev1.CSINode          `json:"csiNodes"`
+	CSIDrivers             []storagev1.CSIDriver        `json:"csiDrivers"`
+	VolumeAttachments      []storagev1.VolumeAttachment `json:"volumeAttachments"`
+	ResourceClaims         []resourceapi.ResourceClaim  `json:"resourceClaims"`
+	DeviceClasses          []resourceapi.DeviceClass    `json:"deviceClasses"`
+	ResourceSlices         []resourceapi.ResourceSlice  `json:"resourceSlices"`
+	Services               []v1.Service                 `json:"services"`
+	ReplicationControllers []v1.ReplicationController   `json:"replicationControllers"`
+	ReplicaSets            []appsv1.ReplicaSet          `json:"replicaSets"`
+	StatefulSets           []appsv1.StatefulSet         `json:"statefulSets"`
+	Config                 json.RawMessage              `json:"config"`
 }
 
 type podAnswer struct {
@@ -247,6 +250,11 @@ func (c *cluster) objects() []k8sruntime.Object {
 	}
 	for i := range c.CSIDrivers {
 		objs = append(objs, &c.CSIDrivers[i])
+	}
+	// The fake clientset serves them to the VolumeAttachment informer that NodeVolumeLimits
+	// starts (and indexes by node) from the informer factory.
+	for i := range c.VolumeAttachments {
+		objs = append(objs, &c.VolumeAttachments[i])
 	}
 	for i := range c.ResourceClaims {
 		if c.ResourceClaims[i].Namespace == "" {
