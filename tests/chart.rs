@@ -191,6 +191,7 @@ fn lint_and_render() {
             "clientQPS": 100,
             "clientBurst": 200,
             "filterTimeoutSeconds": 10,
+            "preemption": {"enabled": true},
             "leaderElection": {
                 "leaderElect": true,
                 "leaseName": "dra-scheduler",
@@ -298,6 +299,8 @@ fn lint_and_render() {
             ],
             &["list", "watch"],
         ),
+        grant("", &["pods"], &["delete"]),
+        grant("policy", &["poddisruptionbudgets"], &["list", "watch"]),
         grant("scheduling.k8s.io", &["podgroups"], &["list", "watch"]),
         grant("scheduling.k8s.io", &["podgroups/status"], &["patch"]),
         grant("", &["pods/binding"], &["create"]),

@@ -34,6 +34,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::api::scheduling::v1beta1::PodGroup;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{ListParams, PostParams};
@@ -171,6 +172,8 @@ enum Need {
     /// The PodGroup's `PodGroupInitiallyScheduled` condition: the refusal is logged, the
     /// group's pod is placed, its PodGroup says nothing.
     GroupCondition,
+    /// Evicting a preemption's victim: the refusal is logged, the victim keeps running.
+    Preempting,
 }
 
 /// Each grant the roles may have, and what it is needed for. A grant of the chart missing
@@ -204,6 +207,7 @@ fn need(g: &Grant) -> Option<Need> {
         ("resource.k8s.io", "resourceclaims/binding", "patch") => Some(Placing(Claim)),
         ("coordination.k8s.io", "leases", "get" | "update" | "create") => Some(Lease),
         ("scheduling.k8s.io", "podgroups/status", "patch") => Some(GroupCondition),
+        ("", "pods", "delete") => Some(Preempting),
         (
             "",
             "pods"
@@ -222,6 +226,7 @@ fn need(g: &Grant) -> Option<Need> {
             verb,
         )
         | ("scheduling.k8s.io", "podgroups", verb)
+        | ("policy", "poddisruptionbudgets", verb)
         | (
             "resource.k8s.io",
             "resourceclaims" | "resourceslices" | "deviceclasses" | "devicetaintrules",
@@ -267,10 +272,14 @@ enum Scenario {
     Unschedulable,
     /// A pod of a PodGroup (gang of one): its PodGroup gets the scheduled condition.
     Gang,
+    /// A pod of priority 1000 on a node of one device that a pod of priority 0 holds: the
+    /// latter is preempted.
+    Preempt,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 7] = [
+    const ALL: [Scenario; 8] = [
+        Scenario::Preempt,
         Scenario::Gang,
         Scenario::Claim,
         Scenario::ExtendedResource,
@@ -290,6 +299,7 @@ impl Scenario {
             Scenario::VolumeToProvision => "with-provisioned-volume",
             Scenario::Unschedulable => "fits-nowhere",
             Scenario::Gang => "in-a-gang",
+            Scenario::Preempt => "preempting",
         }
     }
 
@@ -409,6 +419,49 @@ impl Scenario {
                 ))
                 .await;
             }
+            Scenario::Preempt => {
+                // A node of its own, with one device, tainted so that only these two pods
+                // go there.
+                let node = format!("{}-small", t.name);
+                t.create_cluster::<Node>(json!({
+                    "metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}},
+                    "spec": {"taints": [{"key": "lp-preempt", "effect": "NoSchedule"}]},
+                    "status": {"allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+                               "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"}},
+                }))
+                .await;
+                t.create_cluster::<ResourceSlice>(json!({
+                    "metadata": {"name": format!("{node}-gpus")},
+                    "spec": {"driver": DRIVER, "nodeName": node,
+                        "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                        "devices": [{"name": "gpu-0"}]},
+                }))
+                .await;
+                t.create_cluster::<PriorityClass>(
+                    json!({"metadata": {"name": format!("{}-urgent", t.name)}, "value": 1000}),
+                )
+                .await;
+                t.create::<ResourceClaimTemplate>(
+                    json!({"metadata": {"name": "preempt-gpu"}, "spec": {"spec": claims}}),
+                )
+                .await;
+                let on_node = |name: &str, class: Option<String>| {
+                    let mut extra = json!({
+                        "nodeSelector": {"kubernetes.io/hostname": node},
+                        "tolerations": [{"key": "lp-preempt", "operator": "Exists"}],
+                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "preempt-gpu"}],
+                        "containers": [{"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
+                    });
+                    if let Some(class) = class {
+                        extra["priorityClassName"] = json!(class);
+                    }
+                    pod(name, extra)
+                };
+                t.create::<Pod>(on_node("preempt-victim", None)).await;
+                t.bound_to("preempt-victim", &node).await;
+                t.create::<Pod>(on_node(self.pod(), Some(format!("{}-urgent", t.name))))
+                    .await;
+            }
             Scenario::Gang => {
                 t.create::<PodGroup>(json!({"metadata": {"name": "lp-gang"},
                     "spec": {"schedulingPolicy": {"gang": {"minCount": 1}}}}))
@@ -485,6 +538,30 @@ impl Scenario {
                     (node == NODE).then_some(())
                 })
                 .await;
+            }
+            Scenario::Preempt => {
+                // No kubelet here: once the scheduler has deleted the victim, the test
+                // confirms it stopped, as its kubelet would.
+                let victim = eventually("the victim deleted", 60, || async {
+                    let p = pods.get("preempt-victim").await.ok()?;
+                    p.metadata.deletion_timestamp.is_some().then_some(p)
+                })
+                .await;
+                assert!(
+                    victim
+                        .status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.type_ == "DisruptionTarget")
+                );
+                pods.delete(
+                    "preempt-victim",
+                    &kube::api::DeleteParams::default().grace_period(0),
+                )
+                .await
+                .unwrap();
+                t.bound_to(self.pod(), &format!("{}-small", t.name)).await;
             }
             Scenario::Gang => {
                 t.bound(self.pod()).await;
@@ -808,10 +885,14 @@ impl Trial {
     }
 
     async fn bound(&self, pod: &str) {
+        self.bound_to(pod, NODE).await;
+    }
+
+    async fn bound_to(&self, pod: &str, node: &str) {
         let pods: Api<Pod> = self.ns.api();
-        eventually(&format!("pod {pod} bound"), 60, || async {
+        eventually(&format!("pod {pod} bound to {node}"), 60, || async {
             let p = pods.get(pod).await.ok()?;
-            (node_of(&p) == Some(NODE)).then_some(())
+            (node_of(&p) == Some(node)).then_some(())
         })
         .await;
     }
@@ -957,6 +1038,19 @@ async fn without_grant(fixture: &Fixture<'_>, roles: &ChartRoles, n: usize, g: G
                     format!("{}: its second failure not told", s.pod())
                 }
             }
+        }
+        Need::Preempting => {
+            let s = Scenario::Preempt;
+            s.create(&t).await;
+            t.daemon.logs(&refused).await;
+            let pods: Api<Pod> = t.ns.api();
+            let victim = pods.get("preempt-victim").await.unwrap();
+            assert!(
+                victim.metadata.deletion_timestamp.is_none(),
+                "{g}: the victim was deleted"
+            );
+            assert!(t.unbound(s.pod()).await, "{g}: {} placed", s.pod());
+            "preempt-victim not evicted; preempting waits".to_string()
         }
         Need::GroupCondition => {
             let s = Scenario::Gang;

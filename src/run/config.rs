@@ -93,10 +93,18 @@ struct File {
     filter_timeout_seconds: Option<f64>,
     #[serde(default)]
     leader_election: LeaderElectionFile,
+    /// `preemption: {enabled: false}` turns preemption off.
+    preemption: Option<PreemptionFile>,
     scoring: Option<ScoringFile>,
     /// A KubeSchedulerConfiguration profile (`plugins`, `pluginConfig`), merged onto the
     /// default profile as kube-scheduler merges it.
     profile: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PreemptionFile {
+    enabled: bool,
 }
 
 /// Scoring weights; a criterion left out weighs 0.
@@ -234,6 +242,9 @@ pub struct Config {
     pub leader_election: Option<LeaderElection>,
     /// One pod's device search budget.
     pub filter_timeout: std::time::Duration,
+    /// PostFilter preemption (on unless `preemption: {enabled: false}`, or the profile
+    /// disables DefaultPreemption).
+    pub preemption: bool,
 }
 
 impl Config {
@@ -340,6 +351,7 @@ impl Config {
             client_burst: args.client_burst.or(file.client_burst).unwrap_or(200),
             leader_election,
             filter_timeout: std::time::Duration::from_secs_f64(filter_timeout),
+            preemption: file.preemption.is_none_or(|p| p.enabled),
         })
     }
 }

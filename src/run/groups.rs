@@ -48,6 +48,8 @@ pub(super) fn watch(client: &Client) -> BoxStream<'static, super::Change> {
 #[derive(Default)]
 pub(super) struct PodGroups {
     groups: HashMap<ObjectKey, PodGroup>,
+    /// A copy for the scheduling worker (preemption), until the next change.
+    shared: Option<std::sync::Arc<Vec<PodGroup>>>,
 }
 
 /// What the worker is given: one pod, or a PodGroup with its waiting members.
@@ -92,6 +94,7 @@ impl PodGroups {
         informers: &mut Informers,
         event: Event<PodGroup>,
     ) {
+        self.shared = None;
         match event {
             Event::Apply(group) | Event::InitApply(group) => {
                 let key = ObjectKey::of(&group.metadata);
@@ -118,6 +121,13 @@ impl PodGroups {
                 }
             }
         }
+    }
+
+    /// All of them, for one attempt (shared until the next change).
+    pub(super) fn all(&mut self) -> std::sync::Arc<Vec<PodGroup>> {
+        self.shared
+            .get_or_insert_with(|| std::sync::Arc::new(self.groups.values().cloned().collect()))
+            .clone()
     }
 
     /// The PodGroup a pod names, if it names one: `Err` with why it waits when the group

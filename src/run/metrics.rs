@@ -43,6 +43,8 @@ pub struct Metrics {
     pub api_errors: IntCounterVec,
     /// 1 while this replica is the leader (or runs without leader election).
     pub leader: IntGauge,
+    /// Pods preempted (deletions started) to make room for pods of higher priority.
+    pub preemptions: prometheus::IntCounter,
     /// `clientQPS`/`clientBurst`: every write waits for a token first.
     throttle: Option<super::throttle::Throttle>,
     /// Every write asks it first: a replica that may no longer lead writes nothing.
@@ -154,6 +156,11 @@ impl Metrics {
             "leader",
             "1 while this replica is the leader (or runs without leader election)",
         )?;
+        let preemptions = prometheus::IntCounter::new(
+            "preemption_victims_total",
+            "Pods preempted to make room for pods of higher priority",
+        )?;
+        registry.register(Box::new(preemptions.clone()))?;
         registry.register(Box::new(dra_telemetry::build_info(
             "build_info",
             env!("CARGO_PKG_VERSION"),
@@ -183,6 +190,7 @@ impl Metrics {
             api_writes,
             api_errors,
             leader,
+            preemptions,
             throttle: None,
             fence: Arc::new(super::leader::Fence::open()),
         })

@@ -19,6 +19,7 @@ pub mod health;
 pub mod kube_config;
 pub mod leader;
 pub mod metrics;
+mod preemption;
 pub mod queue;
 mod storage;
 pub mod throttle;
@@ -33,7 +34,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use dra_engine::group::GroupDecision;
 use dra_engine::{
-    ClusterInput, ClusterState, Decision, Engine, EngineConfig, ObjectKey, Placement,
+    ClusterInput, ClusterState, Decision, Engine, EngineConfig, ObjectKey, Placement, Preemption,
 };
 use futures::stream::{BoxStream, SelectAll, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, ObjectReference, Pod};
@@ -50,6 +51,7 @@ use self::groups::{PodGroups, Work};
 use self::health::{Health, Lane};
 use self::leader::{Candidate, Fence};
 use self::metrics::Metrics;
+use self::preemption::Budgets;
 use self::queue::SchedulingQueue;
 
 /// The kinds the scheduler always watches; it schedules only once every kind it watches
@@ -84,6 +86,8 @@ enum Change {
     Workloads(workloads::Change),
     /// PodGroups (`scheduling.k8s.io/v1beta1`), where served.
     PodGroup(Event<k8s_openapi::api::scheduling::v1beta1::PodGroup>),
+    /// PodDisruptionBudgets, which preemption respects where it can.
+    Pdb(Event<k8s_openapi::api::policy::v1::PodDisruptionBudget>),
     /// A watch failed; the stream backs off and re-lists by itself.
     WatchError(&'static str, String),
 }
@@ -163,7 +167,8 @@ fn watch_all(client: &Client, served: &apis::ServedApis) -> SelectAll<BoxStream<
         .chain(taint_rules)
         .chain(storage::watches(client))
         .chain(workloads::watches(client))
-        .chain(served.pod_groups.then(|| groups::watch(client))),
+        .chain(served.pod_groups.then(|| groups::watch(client)))
+        .chain([preemption::watch(client)]),
     )
 }
 
@@ -174,6 +179,7 @@ fn watched_kinds(served: &apis::ServedApis) -> usize {
         + storage::KINDS.len()
         + workloads::KINDS.len()
         + usize::from(served.pod_groups)
+        + 1 // PodDisruptionBudget
 }
 
 /// Discovery of what the API server serves, retried while the server cannot answer;
@@ -354,6 +360,14 @@ struct Attempt {
     elapsed: f64,
     /// For work whose first try ran out of time: a fork of the engine to search on.
     fork: Option<Engine>,
+    /// For a pod that fits nowhere: whom to preempt where, or why nobody.
+    preemption: Option<Result<Preemption, String>>,
+}
+
+/// What a preemption search needs besides the engine, shared with the worker.
+struct PreemptionInputs {
+    pdbs: Arc<Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>>,
+    groups: Arc<Vec<k8s_openapi::api::scheduling::v1beta1::PodGroup>>,
 }
 
 /// The engine's answer for a pod, or for a PodGroup's members.
@@ -362,11 +376,22 @@ enum Outcome {
     Group(GroupDecision),
 }
 
-fn run_attempt(mut engine: Engine, work: Work, cancel: Arc<AtomicBool>) -> Attempt {
+fn run_attempt(
+    mut engine: Engine,
+    work: Work,
+    cancel: Arc<AtomicBool>,
+    inputs: Option<PreemptionInputs>,
+) -> Attempt {
     let started = Instant::now();
     let budget = engine.config().filter_timeout;
     let first_try = FIRST_TRY.min(budget);
     let outcome = decide(&mut engine, &work, first_try, &cancel);
+    let preemption = match (&work, &outcome, inputs) {
+        (Work::Pod(key), Outcome::Pod(Decision::Unschedulable { .. }), Some(inputs)) => {
+            Some(preempt(&mut engine, key, first_try, &inputs))
+        }
+        _ => None,
+    };
     let elapsed = started.elapsed().as_secs_f64();
     let out_of_time = match &outcome {
         Outcome::Pod(decision) => matches!(decision, Decision::OutOfTime { .. }),
@@ -383,7 +408,24 @@ fn run_attempt(mut engine: Engine, work: Work, cancel: Arc<AtomicBool>) -> Attem
         outcome,
         elapsed,
         fork,
+        preemption,
     }
+}
+
+/// PostFilter: whom to preempt so that the pod fits (the search has the first try's
+/// budget, on the worker; a panic in it is the pod's error, as for any attempt).
+fn preempt(
+    engine: &mut Engine,
+    key: &ObjectKey,
+    budget: Duration,
+    inputs: &PreemptionInputs,
+) -> Result<Preemption, String> {
+    guarded(
+        engine,
+        key,
+        |engine| engine.preempt_with_groups(key, budget, &inputs.pdbs, &inputs.groups),
+        Err,
+    )
 }
 
 /// Work whose first try ran out of time, waiting for the long-search lane.
@@ -610,6 +652,10 @@ struct Daemon {
     /// PodGroups, and why members wait without an attempt (for the report when overdue).
     groups: PodGroups,
     group_waits: HashMap<ObjectKey, String>,
+    /// PodDisruptionBudgets, for preemption; `preemption` says whether it is on.
+    budgets: Budgets,
+    preemption: bool,
+    scheduler_name: String,
     user: Tell,
     informers: Informers,
     leading: bool,
@@ -660,6 +706,9 @@ impl Daemon {
             book: Bookkeeping::default(),
             groups: PodGroups::default(),
             group_waits: HashMap::new(),
+            budgets: Budgets::default(),
+            preemption: config.preemption,
+            scheduler_name: config.scheduler_name.clone(),
             informers: Informers::default(),
             leading: false,
             binds: Arc::new(Semaphore::new(config.max_concurrent_binds.max(1))),
@@ -735,7 +784,7 @@ impl Daemon {
                 engine,
                 &mut self.queue,
                 &mut self.book,
-                (&mut self.informers, &mut self.groups),
+                (&mut self.informers, &mut self.groups, &mut self.budgets),
                 change,
             ),
             None => self.deferred.push(change),
@@ -760,7 +809,12 @@ impl Daemon {
                 first_try: attempt.elapsed,
             });
         } else if self.leading {
-            self.outcome(attempt.work, attempt.outcome, attempt.elapsed);
+            match (attempt.work, attempt.outcome) {
+                (Work::Pod(key), Outcome::Pod(decision)) => {
+                    self.decided(key, decision, attempt.elapsed, attempt.preemption)
+                }
+                (work, outcome) => self.outcome(work, outcome, attempt.elapsed),
+            }
         } else {
             self.back_off(&attempt.work);
         }
@@ -842,8 +896,12 @@ impl Daemon {
         match self.next_work(&engine, now) {
             Some(work) => {
                 self.health.attempt_started(Lane::Main, now);
+                let inputs = self.preemption.then(|| PreemptionInputs {
+                    pdbs: self.budgets.all(),
+                    groups: self.groups.all(),
+                });
                 self.running = Some(Running::spawn(move |cancel| {
-                    run_attempt(engine, work, cancel)
+                    run_attempt(engine, work, cancel, inputs)
                 }));
             }
             None => self.engine = Some(engine),
@@ -887,7 +945,13 @@ impl Daemon {
     }
 
     /// Take a decision made by the worker (the engine is back).
-    fn decided(&mut self, key: ObjectKey, decision: Decision, elapsed: f64) {
+    fn decided(
+        &mut self,
+        key: ObjectKey,
+        decision: Decision,
+        elapsed: f64,
+        preemption: Option<Result<Preemption, String>>,
+    ) {
         let engine = here(&mut self.engine);
         self.metrics
             .search_steps
@@ -923,7 +987,10 @@ impl Daemon {
                 pod,
                 message,
                 rejected_by,
-            } => self.unschedulable(pod, uid, message, rejected_by),
+            } => {
+                let message = self.with_preemption(&pod, message, preemption);
+                self.unschedulable(pod, uid, message, rejected_by)
+            }
             Decision::OutOfTime { pod, message } => {
                 self.unschedulable(pod, uid, message, BTreeSet::new())
             }
@@ -984,6 +1051,47 @@ impl Daemon {
         self.user.failed(pod, uid, message);
     }
 
+    /// The unschedulable pod's message with what preemption did for it: the pods it
+    /// preempts (the preemption is carried out now), or why none helps (for a pod of
+    /// priority above 0; for the others it is the rule that nobody ranks below them).
+    fn with_preemption(
+        &mut self,
+        pod: &ObjectKey,
+        message: String,
+        preemption: Option<Result<Preemption, String>>,
+    ) -> String {
+        let priority = here(&mut self.engine)
+            .state()
+            .pods
+            .get(pod)
+            .map_or(0, pod_priority);
+        match preemption {
+            Some(Ok(preemption)) => {
+                let message = format!("{message}; {}", preemption.message);
+                self.preempted(preemption);
+                message
+            }
+            Some(Err(why)) if priority > 0 => format!("{message}; preemption: {why}"),
+            _ => message,
+        }
+    }
+
+    /// Hold the freed devices for the preemptor and evict the victims.
+    fn preempted(&mut self, preemption: Preemption) {
+        here(&mut self.engine).nominate(&preemption);
+        self.metrics
+            .preemptions
+            .inc_by(preemption.victims.len() as u64);
+        tracing::info!(pod = %preemption.pod, node = %preemption.node, victims = preemption.victims.len(), reason = %preemption.message, "preempting");
+        tokio::spawn(preemption::carry_out(
+            self.client.clone(),
+            self.metrics.clone(),
+            self.user.recorder.clone(),
+            self.scheduler_name.clone(),
+            preemption,
+        ));
+    }
+
     fn release_claim(&self, pod: ObjectKey, claim: ObjectKey, uid: String) {
         let (client, metrics) = (self.client.clone(), self.metrics.clone());
         tokio::spawn(async move {
@@ -1041,7 +1149,7 @@ impl Daemon {
     /// Take the outcome of an attempt (the engine is back).
     fn outcome(&mut self, work: Work, outcome: Outcome, elapsed: f64) {
         match (work, outcome) {
-            (Work::Pod(key), Outcome::Pod(decision)) => self.decided(key, decision, elapsed),
+            (Work::Pod(key), Outcome::Pod(decision)) => self.decided(key, decision, elapsed, None),
             (Work::Group { members, .. }, Outcome::Group(decision)) => {
                 self.group_decided(&members, decision, elapsed)
             }
@@ -1255,6 +1363,7 @@ fn engine_for(config: &Config) -> Engine {
             percentage_of_nodes_to_score: config.percentage_of_nodes_to_score,
             profile: config.profile.clone(),
             filter_timeout: config.filter_timeout,
+            preemption: config.preemption,
             ..Default::default()
         },
         ClusterInput::default(),
@@ -1358,7 +1467,7 @@ fn apply(
     engine: &mut Engine,
     queue: &mut SchedulingQueue,
     book: &mut Bookkeeping,
-    (informers, groups): (&mut Informers, &mut PodGroups),
+    (informers, groups, budgets): (&mut Informers, &mut PodGroups, &mut Budgets),
     change: Change,
 ) {
     // Whether the change may free or add what an unschedulable pod lacked.
@@ -1390,6 +1499,11 @@ fn apply(
         Change::PodGroup(event) => {
             groups.apply(engine, queue, informers, event);
             false
+        }
+        // A budget that allows more disruption may let a preemption through.
+        Change::Pdb(event) => {
+            budgets.apply(informers, event);
+            true
         }
         Change::WatchError(kind, message) => {
             tracing::warn!(kind, error = %message, "watch failed; backing off and re-listing");

@@ -131,6 +131,8 @@ maxConcurrentBinds: {{ int .Values.config.maxConcurrentBinds }}
 clientQPS: {{ .Values.config.clientQPS }}
 clientBurst: {{ int .Values.config.clientBurst }}
 filterTimeoutSeconds: {{ .Values.config.filterTimeoutSeconds }}
+preemption:
+  enabled: {{ .Values.config.preemption.enabled }}
 {{- with .Values.config.scoring }}
 scoring:
   {{- toYaml . | nindent 2 }}
