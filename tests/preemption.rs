@@ -25,6 +25,7 @@ use common::{
 };
 
 const CLASSES: &str = "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: urgent}\nvalue: 1000\n---\n\
+apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: middle}\nvalue: 500\n---\n\
 apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: urgent-never}\nvalue: 1000\npreemptionPolicy: Never\n---\n\
 apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: two-gpus}\n\
 spec:\n  spec:\n    devices:\n      requests:\n      - name: gpu\n        exactly: {deviceClassName: gpu.nvidia.com, count: 2}\n";
@@ -95,6 +96,14 @@ async fn victims(pods: &Api<Pod>, n: usize) -> BTreeSet<String> {
 
 fn names(list: &[&str]) -> BTreeSet<String> {
     list.iter().map(|s| s.to_string()).collect()
+}
+
+/// A pod of `class` using the claim `claim` by name, kept to `node`.
+fn sharing(name: &str, class: Option<&str>, claim: &str, node: &str) -> String {
+    pod(name, class, "x", "", Some(node)).replace(
+        "resourceClaimTemplateName: x",
+        &format!("resourceClaimName: {claim}"),
+    )
 }
 
 async fn started(cluster: &TestCluster) -> (Daemon, Api<Pod>, kube::Client) {
@@ -268,4 +277,140 @@ async fn a_restart_between_the_evictions_and_the_binding_still_gives_the_preempt
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(node_of(&pods.get("waiting").await.unwrap()).is_none());
     assert_eq!(assert_no_device_twice(&client).await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_claim_is_not_freed_by_evicting_only_its_low_priority_co_user() {
+    let cluster = TestCluster::dedicated();
+    apply_fleet(&cluster, 1, 2);
+    let (_daemon, pods, client) = started(&cluster).await;
+    let node = "gpu-node-0000";
+    kubectl_apply_text(
+        &cluster,
+        "shared",
+        b"apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: shared}\n\
+spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}\n",
+    );
+    // One GPU shared by a pod of priority 1000 and one of priority 0; the other GPU is a
+    // priority-0 pod's own.
+    for (name, class) in [("keeper", Some("urgent")), ("co-user", None)] {
+        kubectl_apply_text(
+            &cluster,
+            name,
+            sharing(name, class, "shared", node).as_bytes(),
+        );
+        eventually(&format!("{name} bound"), 60, || async {
+            node_of(&pods.get(name).await.ok()?).map(|_| ())
+        })
+        .await;
+    }
+    fill(&cluster, &pods, &[("other", "", node)]).await;
+    // A pod of priority 500 asks for both GPUs: evicting the co-user frees nothing (the
+    // keeper still uses the shared GPU), so no eviction helps and nobody is evicted.
+    kubectl_apply_text(
+        &cluster,
+        "mid",
+        pod("mid", Some("middle"), "two-gpus", "", None).as_bytes(),
+    );
+    let told = eventually("mid told why it cannot preempt", 60, || async {
+        let events = events_about(&client, "mid").await;
+        events.into_iter().find(|e| e.contains("preemption:"))
+    })
+    .await;
+    eprintln!("mid: {told}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let list = pods.list(&ListParams::default()).await.unwrap().items;
+    assert!(
+        list.iter().all(|p| p.metadata.deletion_timestamp.is_none()),
+        "nobody evicted"
+    );
+    assert!(node_of(&pods.get("mid").await.unwrap()).is_none());
+}
+
+/// What one scheduler did with the urgent pod on a node full of priority-0 pods.
+async fn urgent_on_a_full_node(
+    cluster: &TestCluster,
+    pods: &Api<Pod>,
+    client: &kube::Client,
+    confirm: bool,
+) -> [String; 3] {
+    let node = "gpu-node-0000";
+    fill(
+        cluster,
+        pods,
+        &[
+            ("low-0", "", node),
+            ("low-1", "", node),
+            ("low-2", "", node),
+            ("low-3", "", node),
+        ],
+    )
+    .await;
+    kubectl_apply_text(
+        cluster,
+        "urgent",
+        pod("urgent", Some("urgent"), "two-gpus", "", None).as_bytes(),
+    );
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let list = pods.list(&ListParams::default()).await.unwrap().items;
+    let deleted: Vec<String> = list
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_some())
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect();
+    if confirm && !deleted.is_empty() {
+        victims(pods, deleted.len()).await;
+        eventually("the urgent pod bound", 90, || async {
+            node_of(&pods.get("urgent").await.ok()?).map(|_| ())
+        })
+        .await;
+    }
+    let urgent = pods.get("urgent").await.unwrap();
+    let outcome = match node_of(&urgent) {
+        Some(node) => format!("bound to {node}"),
+        None => {
+            let events = events_about(client, "urgent").await;
+            format!("pending: {}", events.last().cloned().unwrap_or_default())
+        }
+    };
+    let evicted = if deleted.is_empty() {
+        "none".to_string()
+    } else {
+        deleted.join(", ")
+    };
+    [
+        evicted,
+        outcome,
+        assert_no_device_twice(client).await.to_string(),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn side_by_side_kube_scheduler_frees_no_devices_and_we_do() {
+    let theirs = {
+        let cluster = TestCluster::dedicated();
+        apply_fleet(&cluster, 1, 4);
+        kubectl_apply_text(&cluster, "classes", CLASSES.as_bytes());
+        cluster
+            .start_reference_scheduler("dra-scheduler")
+            .expect("kube-scheduler starts");
+        let client = cluster.client().await;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        urgent_on_a_full_node(&cluster, &pods, &client, false).await
+    };
+    let ours = {
+        let cluster = TestCluster::dedicated();
+        apply_fleet(&cluster, 1, 4);
+        let (_daemon, pods, client) = started(&cluster).await;
+        urgent_on_a_full_node(&cluster, &pods, &client, true).await
+    };
+    println!("scheduler              evicted        urgent pod (2 GPUs, priority 1000)");
+    println!("kube-scheduler 1.37.2  {:13}  {}", theirs[0], theirs[1]);
+    println!("dra-scheduler          {:13}  {}", ours[0], ours[1]);
+    // kube-scheduler 1.37's preemption does not count devices: evicting pods frees no
+    // claim in its eyes, so it evicts nobody and the pod waits.
+    assert_eq!(theirs[0], "none");
+    assert!(theirs[1].starts_with("pending"), "{}", theirs[1]);
+    assert_eq!(ours[0], "low-2, low-3");
+    assert_eq!(ours[1], "bound to gpu-node-0000");
 }

@@ -1066,12 +1066,13 @@ impl Daemon {
             .get(pod)
             .map_or(0, pod_priority);
         match preemption {
+            // kube-scheduler's words: the filters' message, then `preemption: ...`.
             Some(Ok(preemption)) => {
-                let message = format!("{message}; {}", preemption.message);
+                let message = format!("{message} preemption: {}", preemption.message);
                 self.preempted(preemption);
                 message
             }
-            Some(Err(why)) if priority > 0 => format!("{message}; preemption: {why}"),
+            Some(Err(why)) if priority > 0 => format!("{message} preemption: {why}"),
             _ => message,
         }
     }
