@@ -98,6 +98,8 @@ fn run_simulate(args: SimulateArgs) -> ExitCode {
                 options.profile = c.profile;
                 options.percentage_of_nodes_to_score = c.percentage_of_nodes_to_score;
                 options.filter_timeout = c.filter_timeout;
+                // The file can turn preemption off; --no-preemption always does.
+                options.preemption &= c.preemption;
             }
             Err(e) => {
                 eprintln!("error: {e}");

@@ -148,6 +148,7 @@ fn as_json(object: &Object) -> serde_json::Value {
         Object::PersistentVolumeClaim(o) => serde_json::to_value(o),
         Object::StorageClass(o) => serde_json::to_value(o),
         Object::CSINode(o) => serde_json::to_value(o),
+        Object::PodDisruptionBudget(o) => serde_json::to_value(o),
         Object::CSIDriver(o) => serde_json::to_value(o),
         Object::VolumeAttachment(o) => serde_json::to_value(o),
         Object::Workload(o) => serde_json::to_value(o),

@@ -601,3 +601,46 @@ fn no_preemption_leaves_the_urgent_pod_pending_and_evicts_nothing() {
         "{table}"
     );
 }
+
+#[test]
+fn the_config_files_preemption_switch_and_a_disruption_budget_are_read() {
+    let dir = std::env::temp_dir().join(format!("dra-sim-preempt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let off = dir.join("off.yaml");
+    std::fs::write(&off, "preemption: {enabled: false}\n").unwrap();
+    let r = simulate(&["--config", off.to_str().unwrap(), "examples/preemption"]);
+    assert_eq!(
+        r.node("default/inference"),
+        None,
+        "the file turned preemption off"
+    );
+    assert!(r.0.get("preemptions").is_none());
+
+    // A budget that allows no disruption of the batch pods: every choice violates it, so
+    // the fewest violations is still two evictions, and simulate reads the budget without
+    // complaint.
+    let manifests = dir.join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    for f in ["fleet.yaml", "running.yaml", "workload.yaml"] {
+        std::fs::copy(
+            root().join("examples/preemption").join(f),
+            manifests.join(f),
+        )
+        .unwrap();
+    }
+    std::fs::write(
+        manifests.join("pdb.yaml"),
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: batch}\n\
+         spec: {maxUnavailable: 0, selector: {matchLabels: {app: batch}}}\n",
+    )
+    .unwrap();
+    let r = simulate(&[manifests.to_str().unwrap()]);
+    assert_eq!(r.node("default/inference"), Some("gpu-node-1"));
+    assert_eq!(
+        r.0["preemptions"][0]["pdbViolations"], 2,
+        "both evictions violate it"
+    );
+    let plain = simulate(&["examples/preemption"]);
+    assert_eq!(plain.0["preemptions"][0]["pdbViolations"], 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -373,6 +373,10 @@ pub fn expand_all(manifests: Manifests) -> Result<(ClusterInput, super::Groups),
                 namespaced(&mut g.metadata);
                 groups.pod_groups.push(g);
             }
+            Object::PodDisruptionBudget(mut b) => {
+                namespaced(&mut b.metadata);
+                groups.pdbs.push(b);
+            }
         }
     }
 

@@ -79,6 +79,8 @@ pub enum Object {
     Workload(Workload),
     /// Pods that name it in `spec.schedulingGroup` are scheduled together.
     PodGroup(PodGroup),
+    /// Preemption respects it where it can.
+    PodDisruptionBudget(k8s_openapi::api::policy::v1::PodDisruptionBudget),
 }
 
 impl Object {
@@ -107,6 +109,7 @@ impl Object {
             Object::VolumeAttachment(_) => "VolumeAttachment",
             Object::Workload(_) => "Workload",
             Object::PodGroup(_) => "PodGroup",
+            Object::PodDisruptionBudget(_) => "PodDisruptionBudget",
         }
     }
 
@@ -135,6 +138,7 @@ impl Object {
             Object::VolumeAttachment(o) => &o.metadata,
             Object::Workload(o) => &o.metadata,
             Object::PodGroup(o) => &o.metadata,
+            Object::PodDisruptionBudget(o) => &o.metadata,
         }
     }
 
@@ -563,6 +567,9 @@ fn parse_object(value: Value, source: &Source, into: &mut Manifests) -> Result<(
         "PodGroup" => {
             expect("scheduling.k8s.io/v1beta1").and_then(|_| strict(&value).map(Object::PodGroup))
         }
+        "PodDisruptionBudget" => {
+            expect("policy/v1").and_then(|_| strict(&value).map(Object::PodDisruptionBudget))
+        }
         other if IGNORED_KINDS.contains(&other) => {
             into.ignored.push(Ignored {
                 source: source.clone(),
@@ -575,7 +582,7 @@ fn parse_object(value: Value, source: &Source, into: &mut Manifests) -> Result<(
              ReplicaSet, StatefulSet, ReplicationController, Job, Service, PriorityClass, \
              ResourceClaim, ResourceClaimTemplate, DeviceClass, ResourceSlice, DeviceTaintRule, \
              PersistentVolume, PersistentVolumeClaim, StorageClass, CSINode, CSIDriver, \
-             VolumeAttachment, Workload, PodGroup)"
+             VolumeAttachment, Workload, PodGroup, PodDisruptionBudget)"
         ))),
     };
     let object = object.map_err(|mut e| {

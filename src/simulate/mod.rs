@@ -12,8 +12,8 @@
 //! for a victim, as kube-controller-manager does: [`dra_engine::Engine::evict`]) and the
 //! pod is placed where the preemption nominated it, on the devices it freed. The report
 //! lists each preemption and marks its victims as evicted. Evicted pods are not scheduled
-//! again (in a cluster their controllers would make new ones). PodDisruptionBudgets are not
-//! read from the manifests, so none constrains the choice; PodGroups do not preempt.
+//! again (in a cluster their controllers would make new ones). PodDisruptionBudgets in the
+//! manifests are respected where possible, as in the cluster; PodGroups do not preempt.
 
 pub mod expand;
 pub mod limits;
@@ -83,6 +83,8 @@ pub struct Simulation {
 pub struct Groups {
     pub workloads: Vec<Workload>,
     pub pod_groups: Vec<PodGroup>,
+    /// PodDisruptionBudgets, which preemption respects where it can.
+    pub pdbs: Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
 }
 
 /// What became of one PodGroup.
@@ -246,7 +248,7 @@ fn preempt(
         return None;
     }
     let budget = engine.config().filter_timeout;
-    Some(engine.preempt_with_groups(key, budget, &[], &groups.pod_groups))
+    Some(engine.preempt_with_groups(key, budget, &groups.pdbs, &groups.pod_groups))
 }
 
 /// Schedule the pending members of `group` (in queue order) in one decision, assume it,

@@ -74,6 +74,9 @@ struct PreemptionReport {
     /// Where it was placed.
     node: String,
     victims: Vec<VictimReport>,
+    /// PodDisruptionBudgets the evictions violate (the fewest any node allowed).
+    #[serde(rename = "pdbViolations")]
+    pdb_violations: usize,
     message: String,
 }
 
@@ -196,6 +199,7 @@ fn report(sim: &Simulation) -> Report {
                     freed_claims: v.freed_claims.iter().map(|c| c.to_string()).collect(),
                 })
                 .collect(),
+            pdb_violations: p.pdb_violations,
             message: p.message.clone(),
         })
         .collect();

@@ -86,6 +86,7 @@ pub fn validate(object: &Object) -> Check {
         Object::VolumeAttachment(a) => volume_attachment(a),
         Object::Workload(w) => metadata(&w.metadata, NameRule::Subdomain, true),
         Object::PodGroup(g) => pod_group(g),
+        Object::PodDisruptionBudget(b) => metadata(&b.metadata, NameRule::Subdomain, true),
     }
 }
 
