@@ -80,7 +80,8 @@ enum Change {
     Class(Event<DeviceClass>),
     Slice(Event<ResourceSlice>),
     TaintRule(Event<DeviceTaintRule>),
-    /// PersistentVolumeClaims, PersistentVolumes, StorageClasses, CSINodes, CSIDrivers.
+    /// PersistentVolumeClaims, PersistentVolumes, StorageClasses, CSINodes, CSIDrivers,
+    /// VolumeAttachments.
     Storage(storage::Change),
     /// Services, ReplicationControllers, ReplicaSets, StatefulSets: their selectors.
     Workloads(workloads::Change),
