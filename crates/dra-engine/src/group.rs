@@ -32,8 +32,8 @@
 //! field, never placed while it is ignored): `spec.parentCompositePodGroupName`
 //! (CompositePodGroup).
 //! `disruptionMode` decides whether preemption evicts the members as one victim
-//! ([`crate::preemption`]); a PodGroup does not preempt, so `preemptionPolicy` is not
-//! read; `priority` orders the queue, which is the caller's.
+//! ([`crate::preemption`]); `preemptionPolicy: Never` keeps the group from preempting
+//! ([`Engine::preempt_group`]); `priority` orders the queue, which is the caller's.
 //!
 //! Like [`Engine::schedule`], nothing changes in the state: [`Engine::assume_group`] takes
 //! a scheduled group (every member's placement, in order), [`Engine::forget_group`] takes it
@@ -555,11 +555,23 @@ impl Engine {
                 row
             })
             .collect();
+        // Devices held for nominated pods (`Engine::nominate`, after a preemption) are taken
+        // in the allocator's view, yet a member's own cycle sees its own hold and those of
+        // pods of lower priority free: while any hold exists the bound cannot tell, and
+        // the search decides.
+        let held = self
+            .state()
+            .pods
+            .keys()
+            .any(|k| self.nominated_node(k).is_some());
         let snapshot = self.snapshot();
         let nodes: Vec<&NodeInfo> = self.state().nodes.values().collect();
         let supply = shapes
             .iter()
             .map(|shape| {
+                if held {
+                    return None;
+                }
                 let probe = probe_claim(&shape.request);
                 let allocator = Allocator::new(&snapshot, &[&probe]).ok()?;
                 nodes

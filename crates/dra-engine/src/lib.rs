@@ -17,6 +17,7 @@
 //! - [`Engine::preempt`] (PostFilter, [`preemption`]) finds the pods of lower priority to
 //!   evict so that a pod that fits nowhere fits, counting the devices their claims give
 //!   back; [`Engine::nominate`] holds those devices for the pod while the victims go.
+//!   [`Engine::preempt_group`] does so for a PodGroup's pending members as one.
 //!
 //! Nothing here does I/O: the same code serves the live daemon and the offline simulator.
 //!
@@ -54,5 +55,5 @@ pub use engine::{
 };
 pub use framework::Profile;
 pub use group::{GroupDecision, GroupPlacement};
-pub use preemption::{Preemption, Victim};
+pub use preemption::{GroupPreemption, Preemption, Victim};
 pub use state::{ClusterInput, ClusterState, NodeInfo, ObjectKey};

@@ -8,10 +8,11 @@
 //! [`Engine::evict`].
 //!
 //! How it decides, as upstream where upstream applies:
-//! - **Eligible**: not `preemptionPolicy: Never`; not bound; not a PodGroup member (a group
-//!   preempting as a whole is not implemented: refused by name); not while victims of its
-//!   earlier preemption still terminate on its `status.nominatedNodeName`. Victims are pods
-//!   bound to a node, not terminating, of lower priority than the pod.
+//! - **Eligible**: not `preemptionPolicy: Never`; not bound; not a PodGroup member (a
+//!   PodGroup preempts as a whole, with [`Engine::preempt_group`]: `preempt` refuses a
+//!   member and says so); not while victims of its earlier preemption still terminate on
+//!   its `status.nominatedNodeName`. Victims are pods bound to a node, not terminating, of
+//!   lower priority than the pod.
 //! - **Candidate nodes**: those where Filter said Unschedulable; a node that said
 //!   UnschedulableAndUnresolvable is one that evicting pods cannot fix, and is skipped.
 //! - **Per node**: every candidate victim there is removed, and a claim's devices count as
@@ -41,6 +42,43 @@
 //!
 //! Start times are `status.startTime`, else `metadata.creationTimestamp`; a pod with
 //! neither counts as just started.
+//!
+//! ## A PodGroup as preemptor
+//!
+//! [`Engine::preempt_group`] takes a PodGroup and its pending members and returns a
+//! [`GroupPreemption`]: the victims, and one [`Preemption`] per member placed (its node,
+//! its placement, the victims on its node) so that the caller holds each member's devices
+//! with [`Engine::nominate`], evicts the victims, and then schedules the group (each
+//! member's cycle sees its own hold free, the others' taken; the group's counting bound
+//! stands aside while any hold exists, so the holds do not keep the group out).
+//! - **Priority**: the group's (`spec.priority`, else its members'); every member must
+//!   have it, as [`Engine::schedule_group`] requires.
+//! - **Eligible**: neither the PodGroup's `spec.preemptionPolicy` nor any member's is
+//!   `Never`; every member is pending, not terminating, and names the group; not while
+//!   victims of an earlier preemption still terminate on a member's nominated node; and
+//!   the group does not fit already (gang: a placement for `minCount`; basic: as many
+//!   members as fit with every candidate victim gone).
+//! - **Candidates**: every pod in the cluster that may be a victim (as above: lower
+//!   priority, bound, not terminating; a PodGroup with `disruptionMode: All` one unit with
+//!   all its bound members). They are all removed on a fork, claims freed only when every
+//!   consumer is removed, and the group is placed there by
+//!   [`Engine::schedule_group_with`] (the same search as without preemption: gang
+//!   `minCount`, joint allocation, topology). If it does not fit even so, nothing is
+//!   evicted: `Err` says why (the group's own message).
+//! - **Reprieve**: units come back one step at a time and stay back when the group still
+//!   fits. First whole nodes, the costliest to empty first (the most PDB violations, then
+//!   the most pods, then the highest priority), so that the group goes where evicting costs
+//!   least; then single units on the nodes left (those violating a PDB first, then the
+//!   most important first, as for a pod). A step that touches neither a node nor a device
+//!   of the group's current placement is taken without a search; one search with all of
+//!   those back checks them at the end (and, if the group no longer fits, each is tried
+//!   again with a search). The group's placement with the final victims gone gives each
+//!   member's node and placement.
+//! - **Whole victims**: a victim PodGroup evicted as a whole is reprieved or evicted as
+//!   one unit, so the victims never hold half of one.
+//! - **Budget**: every search shares `budget`. Out of time before the group fits with
+//!   every candidate gone, or during the reprieve, it fails saying so: a victim set not
+//!   minimised yet would evict pods the group does not need.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -56,7 +94,7 @@ use crate::claims;
 use crate::cycle::{NodeStatuses, Scope};
 use crate::engine::{Decision, Engine, Placement};
 use crate::framework::{Code, Point};
-use crate::group::pod_group_name;
+use crate::group::{GroupDecision, GroupPlacement, names_group, pod_group_name};
 use crate::plugins::label_selector::{Selector, labels_of};
 use crate::plugins::priority_sort::priority;
 use crate::state::{ObjectKey, bound_node, is_terminal};
@@ -88,6 +126,25 @@ pub struct Preemption {
     /// PodDisruptionBudgets the evictions violate (counted per pod, as upstream).
     pub pdb_violations: usize,
     /// For the pod's events: which pods are preempted where, for which devices.
+    pub message: String,
+}
+
+/// What a PodGroup's preemption evicts, and where its members go
+/// ([`Engine::preempt_group`]).
+#[derive(Clone, Debug)]
+pub struct GroupPreemption {
+    pub group: ObjectKey,
+    /// The victims on every node, each once, the most important first; a victim PodGroup
+    /// evicted as a whole is there with all its bound members, or not at all.
+    pub victims: Vec<Victim>,
+    /// One per member placed, as [`Engine::schedule_group`] places them once the victims
+    /// are gone: the member, its node, its own placement (what [`Engine::nominate`] holds
+    /// for it) and the victims that make room on its node (a victim PodGroup whole, with
+    /// its members on other nodes). A member placed where nothing is evicted has none.
+    pub preemptions: Vec<Preemption>,
+    /// PodDisruptionBudgets the evictions violate (counted per pod, as upstream).
+    pub pdb_violations: usize,
+    /// For the group's events: which pods are preempted where, for which devices.
     pub message: String,
 }
 
@@ -235,7 +292,7 @@ impl Engine {
             .cloned()
             .ok_or_else(|| format!("pod {pod_key} not found"))?;
         eligible(pod_key, &pod)?;
-        let mut scratch = Scratch::new(self.fork(), pod_key, &pod, pod_groups);
+        let mut scratch = Scratch::new(self.fork(), pod_key, priority(&pod), &[&pod], pod_groups);
         let out_of_time = |checked: usize, total: usize| {
             format!(
                 "preemption ran out of its {budget:?} budget after {checked} of {total} candidate nodes"
@@ -386,21 +443,33 @@ impl Engine {
 /// Whether the pod may preempt at all (upstream's PodEligibleToPreemptOthers, and what
 /// this scheduler does not do).
 fn eligible(key: &ObjectKey, pod: &Pod) -> Result<(), String> {
-    let spec = pod.spec.as_ref();
-    if spec.and_then(|s| s.preemption_policy.as_deref()) == Some("Never") {
+    if never(pod) {
         return Err("preemptionPolicy is Never".into());
     }
+    eligible_pending(key, pod)?;
+    if let Some(group) = pod_group_name(pod) {
+        return Err(format!(
+            "pod {key} is a member of PodGroup {}/{group}: a PodGroup preempts as a whole (Engine::preempt_group), its members do not preempt one by one",
+            key.namespace
+        ));
+    }
+    Ok(())
+}
+
+fn never(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.preemption_policy.as_deref())
+        == Some("Never")
+}
+
+/// Pending and not terminating.
+fn eligible_pending(key: &ObjectKey, pod: &Pod) -> Result<(), String> {
     if let Some(node) = bound_node(pod) {
         return Err(format!("pod {key} is already bound to node {node}"));
     }
     if is_terminal(pod) || pod.metadata.deletion_timestamp.is_some() {
         return Err(format!("pod {key} is terminating or terminated"));
-    }
-    if let Some(group) = pod_group_name(pod) {
-        return Err(format!(
-            "pod {key} is a member of PodGroup {}/{group}: preemption by a PodGroup is not implemented (members do not preempt)",
-            key.namespace
-        ));
     }
     Ok(())
 }
@@ -588,7 +657,7 @@ struct Scratch {
     engine: Engine,
     preemptor: ObjectKey,
     priority: i32,
-    /// Claims the preemptor names: never freed.
+    /// Claims the preemptor (or its PodGroup's members) names: never freed.
     own_claims: BTreeSet<ObjectKey>,
     /// Per pod, the allocated claims reserved for it.
     claims_of: HashMap<ObjectKey, Vec<ObjectKey>>,
@@ -605,11 +674,19 @@ struct Scratch {
 }
 
 impl Scratch {
-    fn new(engine: Engine, preemptor: &ObjectKey, pod: &Pod, pod_groups: &[PodGroup]) -> Scratch {
+    /// `own`: the preemptor's pods (one, or a PodGroup's pending members), whose claims
+    /// are never freed; `priority`: theirs.
+    fn new(
+        engine: Engine,
+        preemptor: &ObjectKey,
+        priority: i32,
+        own: &[&Pod],
+        pod_groups: &[PodGroup],
+    ) -> Scratch {
         let state = engine.state();
-        let own_claims = claims::of_pod(pod, state)
-            .unwrap_or_default()
-            .into_iter()
+        let own_claims = own
+            .iter()
+            .flat_map(|pod| claims::of_pod(pod, state).unwrap_or_default())
             .collect();
         let mut claims_of: HashMap<ObjectKey, Vec<ObjectKey>> = HashMap::new();
         let mut original_claims = HashMap::new();
@@ -664,7 +741,7 @@ impl Scratch {
             .filter_map(|g| Some((ObjectKey::of(&g.metadata), g.spec.priority?)))
             .collect();
         Scratch {
-            priority: priority(pod),
+            priority,
             preemptor: preemptor.clone(),
             own_claims,
             claims_of,
@@ -981,21 +1058,35 @@ impl Scratch {
         })
     }
 
+    /// A pod of a victim unit; `node`: where it runs if the pod is not known.
+    fn victim(
+        &self,
+        key: &ObjectKey,
+        unit: &Unit,
+        node: &str,
+        freed: &BTreeMap<ObjectKey, Vec<ObjectKey>>,
+    ) -> Victim {
+        let pod = self.original_pods.get(key);
+        Victim {
+            pod: key.clone(),
+            uid: pod.and_then(|p| p.metadata.uid.clone()),
+            priority: pod.map(priority).unwrap_or(unit.priority),
+            node: pod.and_then(bound_node).unwrap_or(node).to_string(),
+            freed_claims: freed.get(key).cloned().unwrap_or_default(),
+        }
+    }
+
     /// The decision for the chosen candidate.
     fn preemption(&self, best: Candidate) -> Preemption {
-        let mut victims = Vec::new();
-        for unit in &best.victims {
-            for key in &unit.pods {
-                let pod = self.original_pods.get(key);
-                victims.push(Victim {
-                    pod: key.clone(),
-                    uid: pod.and_then(|p| p.metadata.uid.clone()),
-                    priority: pod.map(priority).unwrap_or(unit.priority),
-                    node: pod.and_then(bound_node).unwrap_or(&best.node).to_string(),
-                    freed_claims: best.freed.get(key).cloned().unwrap_or_default(),
-                });
-            }
-        }
+        let victims: Vec<Victim> = best
+            .victims
+            .iter()
+            .flat_map(|unit| {
+                unit.pods
+                    .iter()
+                    .map(|key| self.victim(key, unit, &best.node, &best.freed))
+            })
+            .collect();
         let names: Vec<String> = victims
             .iter()
             .map(|v| {
@@ -1012,7 +1103,7 @@ impl Scratch {
             if victims.len() == 1 { "" } else { "s" },
             best.node,
             listed(&names),
-            self.for_devices(&best)
+            self.for_devices(&best.freed, &[&best.placement])
         );
         Preemption {
             pod: self.preemptor.clone(),
@@ -1024,10 +1115,14 @@ impl Scratch {
         }
     }
 
-    /// " for 2 devices of DeviceClass gpu.nvidia.com": the freed devices the pod gets.
-    fn for_devices(&self, best: &Candidate) -> String {
-        let freed: BTreeSet<(&str, &str, &str)> = best
-            .freed
+    /// " for 2 devices of DeviceClass gpu.nvidia.com": the freed devices (`freed`: per victim,
+    /// its freed claims) the placements get.
+    fn for_devices(
+        &self,
+        freed: &BTreeMap<ObjectKey, Vec<ObjectKey>>,
+        placements: &[&Placement],
+    ) -> String {
+        let freed: BTreeSet<(&str, &str, &str)> = freed
             .values()
             .flatten()
             .filter_map(|k| self.original_claims.get(k).and_then(claims::allocation))
@@ -1035,7 +1130,7 @@ impl Scratch {
             .map(|r| (r.driver.as_str(), r.pool.as_str(), r.device.as_str()))
             .collect();
         let mut by_class: BTreeMap<String, usize> = BTreeMap::new();
-        for decision in &best.placement.claims {
+        for decision in placements.iter().flat_map(|p| p.claims.iter()) {
             let results = decision
                 .allocation
                 .iter()
@@ -1057,5 +1152,492 @@ impl Scratch {
             .map(|(class, n)| format!("{n} device{} of {class}", if n == 1 { "" } else { "s" }))
             .collect();
         format!(" for {}", parts.join(" and "))
+    }
+}
+
+impl Engine {
+    /// PostFilter for a PodGroup: find the pods of lower priority to evict so that the
+    /// group's pending `members` fit as [`Engine::schedule_group`] places them (see the
+    /// module doc). Changes nothing. `Err` says why no preemption helps, or why the group
+    /// may not preempt. The search stops at `budget`. `pod_groups`: the PodGroups of
+    /// possible victims, as for [`Engine::preempt_with_groups`].
+    pub fn preempt_group(
+        &mut self,
+        group: &PodGroup,
+        members: &[ObjectKey],
+        budget: Duration,
+        pdbs: &[PodDisruptionBudget],
+        pod_groups: &[PodGroup],
+    ) -> Result<GroupPreemption, String> {
+        let deadline = Instant::now() + budget;
+        self.preemption_enabled()?;
+        let key = ObjectKey::of(&group.metadata);
+        if group.spec.preemption_policy.as_deref() == Some("Never") {
+            return Err(format!("PodGroup {key}: preemptionPolicy is Never"));
+        }
+        if members.is_empty() {
+            return Err(format!("PodGroup {key}: no pending members to preempt for"));
+        }
+        let mut pods: Vec<Pod> = Vec::new();
+        for member in members {
+            let pod = self
+                .state()
+                .pods
+                .get(member)
+                .ok_or_else(|| format!("PodGroup {key}: member pod {member} not found"))?;
+            if never(pod) {
+                return Err(format!(
+                    "PodGroup {key}: pod {member} has preemptionPolicy Never"
+                ));
+            }
+            eligible_pending(member, pod).map_err(|e| format!("PodGroup {key}: {e}"))?;
+            if !names_group(pod, &key) {
+                return Err(format!(
+                    "PodGroup {key}: pod {member} does not name it in spec.schedulingGroup.podGroupName"
+                ));
+            }
+            pods.push(pod.clone());
+        }
+        let group_priority = group.spec.priority.unwrap_or_else(|| priority(&pods[0]));
+        if let Some((member, pod)) = members
+            .iter()
+            .zip(&pods)
+            .find(|(_, p)| priority(p) != group_priority)
+        {
+            return Err(format!(
+                "PodGroup {key}: all its pods must have the group's priority {group_priority}; pod {member} has {}",
+                priority(pod)
+            ));
+        }
+        let own: Vec<&Pod> = pods.iter().collect();
+        let mut scratch = Scratch::new(self.fork(), &members[0], group_priority, &own, pod_groups);
+        for (member, pod) in members.iter().zip(&pods) {
+            if let Some(node) = nominated_node(pod)
+                && let Some(terminating) = scratch.terminating_victim(node)
+            {
+                return Err(format!(
+                    "PodGroup {key}: pod {terminating} on node {node}, preempted for member {member}, is still terminating"
+                ));
+            }
+        }
+        let abort = |abort: Abort, when: &str| match abort {
+            Abort::OutOfTime => {
+                format!("PodGroup {key}: preemption ran out of its {budget:?} budget {when}")
+            }
+            Abort::Error(message) => message,
+        };
+        let gang = group.spec.scheduling_policy.gang.is_some();
+        let before = scratch
+            .place_group(group, members, deadline)
+            .map_err(|a| abort(a, "before choosing any victim"))?;
+        if gang && before.is_ok() {
+            return Err(format!("PodGroup {key} fits without preemption"));
+        }
+        let units = scratch.all_units();
+        if units.is_empty() {
+            let why = before.err().unwrap_or_default();
+            return Err(format!(
+                "no preemption helps PodGroup {key}: no pod of priority below {group_priority} runs in the cluster; {}",
+                without_group(&why, &key)
+            ));
+        }
+        let all: Vec<ObjectKey> = units.iter().flat_map(|u| u.pods.iter().cloned()).collect();
+        let evicted_all = format!(
+            "with all {} pods of priority below {group_priority} evicted",
+            all.len()
+        );
+        scratch.remove(&all);
+        let placement = match scratch
+            .place_group(group, members, deadline)
+            .map_err(|a| abort(a, &evicted_all))?
+        {
+            Ok(p) => p,
+            Err(message) => {
+                return Err(format!(
+                    "no preemption helps PodGroup {key}: even {evicted_all}, {}",
+                    without_group(&message, &key)
+                ));
+            }
+        };
+        let target = if gang { 1 } else { placement.placements.len() };
+        if before.is_ok_and(|p| p.placements.len() >= target) {
+            return Err(format!("PodGroup {key} fits without preemption"));
+        }
+        let violations = pdb_violations(&units, &scratch.original_pods, pdbs);
+        let mut search = GroupSearch {
+            group,
+            members,
+            target,
+            deadline,
+            footprint: Footprint::of(&placement),
+            placement,
+            unverified: Vec::new(),
+        };
+        let victim = scratch
+            .group_reprieve(&mut search, &units, &violations)
+            .map_err(|a| {
+                abort(
+                    a,
+                    &format!(
+                        "while choosing the fewest of {} candidate victims",
+                        all.len()
+                    ),
+                )
+            })?;
+        Ok(scratch.group_preemption(&key, &units, &victim, &violations, search.placement))
+    }
+}
+
+/// "PodGroup ns/name: why" → "why".
+fn without_group<'m>(message: &'m str, group: &ObjectKey) -> &'m str {
+    message
+        .strip_prefix(&format!("PodGroup {group}: "))
+        .unwrap_or(message)
+}
+
+/// The reprieve of a PodGroup's preemption: what the group must fit with, and where it
+/// fits as the victims stand.
+struct GroupSearch<'a> {
+    group: &'a PodGroup,
+    members: &'a [ObjectKey],
+    /// Members to place at least (gang: any scheduled decision, which holds `minCount`;
+    /// basic: as many as with every candidate victim gone).
+    target: usize,
+    deadline: Instant,
+    /// The group's placement as of the last search, and its nodes and devices.
+    placement: GroupPlacement,
+    footprint: Footprint,
+    /// Units put back since the last search without one (they touch neither the nodes nor
+    /// the devices of its placement).
+    unverified: Vec<usize>,
+}
+
+/// The nodes and devices a group's placement takes.
+struct Footprint {
+    nodes: BTreeSet<String>,
+    devices: BTreeSet<(String, String, String)>,
+}
+
+impl Footprint {
+    fn of(placement: &GroupPlacement) -> Footprint {
+        Footprint {
+            nodes: placement
+                .placements
+                .iter()
+                .map(|p| p.node.clone())
+                .collect(),
+            devices: placement
+                .placements
+                .iter()
+                .flat_map(|p| p.claims.iter())
+                .flat_map(|c| c.allocation.iter())
+                .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
+                .map(|r| (r.driver.clone(), r.pool.clone(), r.device.clone()))
+                .collect(),
+        }
+    }
+}
+
+/// A PodGroup as preemptor.
+impl Scratch {
+    /// The group's decision as the scratch stands: its placement, or why it does not fit.
+    fn place_group(
+        &mut self,
+        group: &PodGroup,
+        members: &[ObjectKey],
+        deadline: Instant,
+    ) -> Result<Result<GroupPlacement, String>, Abort> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Abort::OutOfTime);
+        }
+        match self.engine.schedule_group_with(group, members, left, None) {
+            GroupDecision::Scheduled(p) => Ok(Ok(p)),
+            GroupDecision::Unschedulable { .. } if Instant::now() >= deadline => {
+                Err(Abort::OutOfTime)
+            }
+            GroupDecision::Unschedulable { message, .. } => Ok(Err(message)),
+            GroupDecision::Error { message, .. } => Err(Abort::Error(message)),
+        }
+    }
+
+    /// Every candidate victim in the cluster, each once (a PodGroup evicted whole is one
+    /// unit, whichever nodes its members run on), the most important first.
+    fn all_units(&self) -> Vec<Unit> {
+        let mut seen = BTreeSet::new();
+        let mut units: Vec<Unit> = Vec::new();
+        for node in self.engine.state().nodes.keys() {
+            for unit in self.units_on(node) {
+                if seen.insert(unit.pods.clone()) {
+                    units.push(unit);
+                }
+            }
+        }
+        units.sort_by(Unit::importance);
+        units
+    }
+
+    /// Whether putting `unit` back may change where the group goes: a pod of it runs on a
+    /// node of the placement, or a claim of it holds a device the placement takes.
+    fn touches(&self, unit: &Unit, footprint: &Footprint) -> bool {
+        unit.pods.iter().any(|pod| {
+            let on = self
+                .original_pods
+                .get(pod)
+                .and_then(bound_node)
+                .is_some_and(|n| footprint.nodes.contains(n));
+            on || self
+                .claims_of
+                .get(pod)
+                .into_iter()
+                .flatten()
+                .filter_map(|c| self.original_claims.get(c).and_then(claims::allocation))
+                .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
+                .any(|r| {
+                    footprint.devices.contains(&(
+                        r.driver.clone(),
+                        r.pool.clone(),
+                        r.device.clone(),
+                    ))
+                })
+        })
+    }
+
+    /// Put the units `idx` that are still victims back, and keep them back when the group
+    /// still fits. With `trust`, units that touch nothing of the group's placement are kept
+    /// back without a search (checked by the next search, or the final check). Returns
+    /// whether they stay back.
+    fn try_reprieve(
+        &mut self,
+        search: &mut GroupSearch<'_>,
+        units: &[Unit],
+        idx: &[usize],
+        victim: &mut [bool],
+        trust: bool,
+    ) -> Result<bool, Abort> {
+        let idx: Vec<usize> = idx.iter().copied().filter(|i| victim[*i]).collect();
+        if idx.is_empty() {
+            return Ok(false);
+        }
+        let pods: Vec<ObjectKey> = idx
+            .iter()
+            .flat_map(|i| units[*i].pods.iter().cloned())
+            .collect();
+        let touches = idx
+            .iter()
+            .any(|i| self.touches(&units[*i], &search.footprint));
+        self.restore(&pods);
+        if trust && !touches {
+            search.unverified.extend(&idx);
+        } else {
+            match self.place_group(search.group, search.members, search.deadline)? {
+                Ok(p) if p.placements.len() >= search.target => {
+                    search.footprint = Footprint::of(&p);
+                    search.placement = p;
+                    search.unverified.clear();
+                }
+                _ => {
+                    self.remove(&pods);
+                    return Ok(false);
+                }
+            }
+        }
+        for i in &idx {
+            victim[*i] = false;
+        }
+        Ok(true)
+    }
+
+    /// With every candidate victim removed and the group placed: put back as many as the
+    /// group still fits with. First whole nodes, the costliest to empty first (the most
+    /// PodDisruptionBudget violations, the most pods, the highest priority), then single
+    /// units (those violating a budget first, then the most important first). Returns,
+    /// per unit, whether it is a victim; `search.placement` is the group's placement with
+    /// those victims gone.
+    fn group_reprieve(
+        &mut self,
+        search: &mut GroupSearch<'_>,
+        units: &[Unit],
+        violations: &[usize],
+    ) -> Result<Vec<bool>, Abort> {
+        let mut victim = vec![true; units.len()];
+        // Units that could not come back alone: not tried alone again.
+        let mut failed_alone = vec![false; units.len()];
+        let mut by_node: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (i, unit) in units.iter().enumerate() {
+            for pod in &unit.pods {
+                if let Some(node) = self.original_pods.get(pod).and_then(bound_node) {
+                    let list = by_node.entry(node.to_string()).or_default();
+                    if !list.contains(&i) {
+                        list.push(i);
+                    }
+                }
+            }
+        }
+        loop {
+            let next = by_node
+                .iter()
+                .map(|(node, idx)| {
+                    let live: Vec<usize> = idx.iter().copied().filter(|i| victim[*i]).collect();
+                    let pdb: usize = live.iter().map(|i| violations[*i]).sum();
+                    let pods: usize = live.iter().map(|i| units[*i].pods.len()).sum();
+                    let highest = live.iter().map(|i| units[*i].priority).max();
+                    let touches = live
+                        .iter()
+                        .any(|i| self.touches(&units[*i], &search.footprint));
+                    (
+                        (Reverse(pdb), Reverse(pods), Reverse(highest), touches),
+                        node.clone(),
+                        live,
+                    )
+                })
+                .min_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+            let Some((_, node, live)) = next else {
+                break;
+            };
+            by_node.remove(&node);
+            if !self.try_reprieve(search, units, &live, &mut victim, true)? && live.len() == 1 {
+                failed_alone[live[0]] = true;
+            }
+        }
+        let order: Vec<usize> = (0..units.len())
+            .filter(|i| violations[*i] > 0)
+            .chain((0..units.len()).filter(|i| violations[*i] == 0))
+            .collect();
+        for i in order {
+            if victim[i] && !failed_alone[i] {
+                self.try_reprieve(search, units, &[i], &mut victim, true)?;
+            }
+        }
+        // The units kept back on trust: the group must still fit with them all back; if it
+        // does not (a pod elsewhere that matters to it: affinity, spreading), each of them
+        // is tried again with a search.
+        if !search.unverified.is_empty() {
+            match self.place_group(search.group, search.members, search.deadline)? {
+                Ok(p) if p.placements.len() >= search.target => {
+                    search.footprint = Footprint::of(&p);
+                    search.placement = p;
+                    search.unverified.clear();
+                }
+                _ => {
+                    let trusted = std::mem::take(&mut search.unverified);
+                    let pods: Vec<ObjectKey> = trusted
+                        .iter()
+                        .flat_map(|i| units[*i].pods.iter().cloned())
+                        .collect();
+                    self.remove(&pods);
+                    for i in &trusted {
+                        victim[*i] = true;
+                    }
+                    for i in trusted {
+                        self.try_reprieve(search, units, &[i], &mut victim, false)?;
+                    }
+                }
+            }
+        }
+        Ok(victim)
+    }
+
+    /// The decision: the victims, and each member's place.
+    fn group_preemption(
+        &self,
+        key: &ObjectKey,
+        units: &[Unit],
+        victim: &[bool],
+        violations: &[usize],
+        placement: GroupPlacement,
+    ) -> GroupPreemption {
+        let chosen: Vec<usize> = (0..units.len()).filter(|i| victim[*i]).collect();
+        let mut freed: BTreeMap<ObjectKey, Vec<ObjectKey>> = BTreeMap::new();
+        for i in &chosen {
+            for pod in &units[*i].pods {
+                let mine: Vec<ObjectKey> = self
+                    .claims_of
+                    .get(pod)
+                    .into_iter()
+                    .flatten()
+                    .filter(|c| self.freed.contains(*c))
+                    .cloned()
+                    .collect();
+                freed.insert(pod.clone(), mine);
+            }
+        }
+        let node_of = |pod: &ObjectKey| self.original_pods.get(pod).and_then(bound_node);
+        let victims: Vec<Victim> = chosen
+            .iter()
+            .flat_map(|i| {
+                let unit = &units[*i];
+                unit.pods
+                    .iter()
+                    .map(|k| self.victim(k, unit, node_of(k).unwrap_or_default(), &freed))
+            })
+            .collect();
+        let mut preemptions = Vec::new();
+        for p in &placement.placements {
+            let here: Vec<usize> = chosen
+                .iter()
+                .copied()
+                .filter(|i| units[*i].pods.iter().any(|k| node_of(k) == Some(&p.node)))
+                .collect();
+            if here.is_empty() {
+                preemptions.push(Preemption {
+                    pod: p.pod.clone(),
+                    node: p.node.clone(),
+                    victims: Vec::new(),
+                    placement: p.clone(),
+                    pdb_violations: 0,
+                    message: format!(
+                        "nothing preempted on {} (PodGroup {key} preempts on other nodes)",
+                        p.node
+                    ),
+                });
+                continue;
+            }
+            let candidate = Candidate {
+                node: p.node.clone(),
+                victims: here.iter().map(|i| units[*i].clone()).collect(),
+                placement: p.clone(),
+                pdb_violations: here.iter().map(|i| violations[*i]).sum(),
+                freed: here
+                    .iter()
+                    .flat_map(|i| units[*i].pods.iter())
+                    .map(|k| (k.clone(), freed.get(k).cloned().unwrap_or_default()))
+                    .collect(),
+            };
+            let mut preemption = self.preemption(candidate);
+            preemption.pod = p.pod.clone();
+            preemptions.push(preemption);
+        }
+        let mut by_node: Vec<&Victim> = victims.iter().collect();
+        by_node.sort_by(|a, b| a.node.cmp(&b.node));
+        let names: Vec<String> = by_node
+            .iter()
+            .map(|v| format!("{} on {}", v.pod, v.node))
+            .collect();
+        let nodes: Vec<&str> = placement
+            .placements
+            .iter()
+            .map(|p| p.node.as_str())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let placed: Vec<&Placement> = placement.placements.iter().collect();
+        let n = placement.placements.len();
+        let message = format!(
+            "preempting {} pod{} ({}){} for PodGroup {key}: {n} member{} to {}",
+            victims.len(),
+            if victims.len() == 1 { "" } else { "s" },
+            listed(&names),
+            self.for_devices(&freed, &placed),
+            if n == 1 { "" } else { "s" },
+            nodes_named(&nodes),
+        );
+        GroupPreemption {
+            group: key.clone(),
+            victims,
+            preemptions,
+            pdb_violations: chosen.iter().map(|i| violations[*i]).sum(),
+            message,
+        }
     }
 }

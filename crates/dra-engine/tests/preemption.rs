@@ -2,6 +2,7 @@
 //! `preemptionPolicy: Never`, PodDisruptionBudgets, PodGroups evicted whole, and the hold
 //! on freed devices for the nominated pod (`Engine::nominate`).
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use dra_engine::{ClusterInput, Decision, Engine, EngineConfig, ObjectKey, Preemption};
@@ -485,4 +486,268 @@ fn a_pod_that_fits_or_is_bound_does_not_preempt() {
         e.preempt(&key("low"), BUDGET, &[]).unwrap_err(),
         "pod default/low is already bound to node n1"
     );
+}
+
+// A PodGroup as preemptor (`Engine::preempt_group`).
+
+type PodGroup = k8s_openapi::api::scheduling::v1beta1::PodGroup;
+
+/// A gang PodGroup `name` of `min_count`, with `extra` merged into its spec.
+fn gang(name: &str, min_count: i32, extra: Value) -> PodGroup {
+    let mut v = json!({"metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}}});
+    merge(&mut v["spec"], extra);
+    serde_json::from_value(v).unwrap()
+}
+
+fn in_group(mut pod: Pod, group: &str) -> Pod {
+    pod.spec.as_mut().unwrap().scheduling_group =
+        Some(serde_json::from_value(json!({"podGroupName": group})).unwrap());
+    pod
+}
+
+/// A pending member of PodGroup `group` asking for `gpus` GPUs.
+fn member(name: &str, group: &str, priority: i32, gpus: i64) -> (Pod, ResourceClaim) {
+    let (pod, claim) = pending(name, priority, gpus);
+    (in_group(pod, group), claim)
+}
+
+fn group_victims(p: &dra_engine::GroupPreemption) -> Vec<String> {
+    let mut v: Vec<String> = p.victims.iter().map(|v| v.pod.name.clone()).collect();
+    v.sort();
+    v
+}
+
+/// Each member placed: (member, node, its victims).
+fn members_placed(p: &dra_engine::GroupPreemption) -> Vec<(String, String, Vec<String>)> {
+    let mut m: Vec<(String, String, Vec<String>)> = p
+        .preemptions
+        .iter()
+        .map(|x| (x.pod.name.clone(), x.node.clone(), victims(x)))
+        .collect();
+    m.sort();
+    m
+}
+
+/// Nodes of 2 GPUs, each `(name, pods)` running that many priority-0 one-GPU pods
+/// (`<node>-0` started at 0 s, `<node>-1` at 10 s); and a pending gang `train` of two
+/// priority-1000 members, each asking 2 GPUs.
+fn gang_cluster(nodes: &[(&str, u32)]) -> Cluster {
+    let mut c = Cluster::new(&nodes.iter().map(|(n, _)| (*n, 2)).collect::<Vec<_>>());
+    for (n, pods) in nodes {
+        for i in 0..*pods {
+            c = c.with(running(
+                &format!("{n}-{i}"),
+                n,
+                &format!("gpu-{i}"),
+                0,
+                i * 10,
+            ));
+        }
+    }
+    c.with(member("train-0", "train", 1000, 2))
+        .with(member("train-1", "train", 1000, 2))
+}
+
+fn train() -> (PodGroup, [ObjectKey; 2]) {
+    (
+        gang("train", 2, json!({})),
+        [key("train-0"), key("train-1")],
+    )
+}
+
+#[test]
+fn a_gang_on_two_full_nodes_evicts_exactly_their_four_pods() {
+    let mut e = gang_cluster(&[("n1", 2), ("n2", 2)]).engine();
+    let (group, members) = train();
+    assert!(e.schedule_group(&group, &members).message().is_some());
+    let p = e.preempt_group(&group, &members, BUDGET, &[], &[]).unwrap();
+    assert_eq!(p.group, key("train"));
+    assert_eq!(group_victims(&p), ["n1-0", "n1-1", "n2-0", "n2-1"]);
+    let placed = members_placed(&p);
+    let mut nodes: Vec<&str> = placed.iter().map(|(_, n, _)| n.as_str()).collect();
+    nodes.sort();
+    assert_eq!(nodes, ["n1", "n2"]);
+    for (_, node, victims) in &placed {
+        assert_eq!(victims, &[format!("{node}-0"), format!("{node}-1")]);
+    }
+    assert_eq!(p.pdb_violations, 0);
+    assert_eq!(
+        p.message,
+        "preempting 4 pods (default/n1-0 on n1, default/n1-1 on n1, default/n2-0 on n2, default/n2-1 on n2) for 4 devices of DeviceClass gpu for PodGroup default/train: 2 members to n1 and n2"
+    );
+    // Nothing changed.
+    assert!(e.state().pods.contains_key(&key("n1-0")));
+    assert!(e.schedule_group(&group, &members).message().is_some());
+}
+
+#[test]
+fn a_gang_evicts_the_fewest_pods_and_takes_the_spare_gpu() {
+    // n1 and n2 are full; n3 has one pod and one GPU free. Each member needs a whole
+    // node: n3 (one eviction) and one of n1, n2 (two), not n1 and n2 (four).
+    let mut e = gang_cluster(&[("n1", 2), ("n2", 2), ("n3", 1)]).engine();
+    let (group, members) = train();
+    let p = e.preempt_group(&group, &members, BUDGET, &[], &[]).unwrap();
+    assert_eq!(group_victims(&p), ["n2-0", "n2-1", "n3-0"]);
+    let placed = members_placed(&p);
+    let nodes: BTreeSet<&str> = placed.iter().map(|(_, n, _)| n.as_str()).collect();
+    assert_eq!(nodes, BTreeSet::from(["n2", "n3"]));
+    for (_, node, v) in &placed {
+        let expected: Vec<String> = group_victims(&p)
+            .into_iter()
+            .filter(|name| name.starts_with(node.as_str()))
+            .collect();
+        assert_eq!(v, &expected);
+    }
+    // A PodDisruptionBudget on n2's pods steers the group to n1.
+    let mut e2 = gang_cluster(&[("n1", 2), ("n2", 2), ("n3", 1)]).engine();
+    let steered = e2
+        .preempt_group(&group, &members, BUDGET, &[pdb("n2-0", 0)], &[])
+        .unwrap();
+    assert_eq!(group_victims(&steered), ["n1-0", "n1-1", "n3-0"]);
+    assert_eq!(steered.pdb_violations, 0);
+    // The daemon's sequence: hold each member's devices, evict, schedule the group: each
+    // member lands where it was nominated, and a pod of lower priority cannot take them.
+    for preemption in &p.preemptions {
+        e.nominate(preemption);
+    }
+    let all = Preemption {
+        victims: p.victims.clone(),
+        ..p.preemptions[0].clone()
+    };
+    e.evict(&all);
+    e.upsert_pod(pending("lower", 500, 1).0);
+    e.upsert_claim(pending("lower", 500, 1).1);
+    assert!(matches!(
+        e.schedule(&key("lower")),
+        Decision::Unschedulable { .. }
+    ));
+    let decision = e.schedule_group(&group, &members);
+    let placed_now: BTreeSet<(String, String)> = decision
+        .placements()
+        .iter()
+        .map(|p| (p.pod.name.clone(), p.node.clone()))
+        .collect();
+    let nominated: BTreeSet<(String, String)> = p
+        .preemptions
+        .iter()
+        .map(|p| (p.pod.name.clone(), p.node.clone()))
+        .collect();
+    assert_eq!(placed_now, nominated, "{:?}", decision.message());
+}
+
+#[test]
+fn a_gang_that_cannot_fit_even_with_every_lower_priority_pod_gone_evicts_nobody() {
+    // n2's GPUs are held by priority-5000 pods: only n1 can be emptied, and the gang needs
+    // two nodes.
+    let mut e = gang_cluster(&[("n1", 2)])
+        .with(running("keep-0", "n2", "gpu-0", 5000, 0))
+        .with(running("keep-1", "n2", "gpu-1", 5000, 0))
+        .engine();
+    e.upsert_node(node("n2"));
+    let (group, members) = train();
+    let err = e
+        .preempt_group(&group, &members, BUDGET, &[], &[])
+        .unwrap_err();
+    assert_eq!(
+        err,
+        "no preemption helps PodGroup default/train: even with all 2 pods of priority below 1000 evicted, minCount (2) cannot be satisfied: 2 pods need 4 devices of DeviceClass gpu; 2 are free"
+    );
+    assert!(e.state().pods.contains_key(&key("n1-0")));
+    assert!(e.state().pods.contains_key(&key("n1-1")));
+}
+
+#[test]
+fn a_pod_group_with_preemption_policy_never_does_not_preempt() {
+    let mut e = gang_cluster(&[("n1", 2), ("n2", 2)]).engine();
+    let (_, members) = train();
+    let group = gang("train", 2, json!({"preemptionPolicy": "Never"}));
+    assert_eq!(
+        e.preempt_group(&group, &members, BUDGET, &[], &[])
+            .unwrap_err(),
+        "PodGroup default/train: preemptionPolicy is Never"
+    );
+    // A member's own preemptionPolicy: Never stops the group too.
+    let (mut pod, claim) = member("train-1", "train", 1000, 2);
+    pod.spec.as_mut().unwrap().preemption_policy = Some("Never".into());
+    let mut c = gang_cluster(&[("n1", 2), ("n2", 2)]);
+    c.input
+        .pods
+        .retain(|p| p.metadata.name.as_deref() != Some("train-1"));
+    c.input
+        .claims
+        .retain(|c| c.metadata.name.as_deref() != Some("train-1-gpu"));
+    let mut e = c.with((pod, claim)).engine();
+    let (group, members) = train();
+    assert_eq!(
+        e.preempt_group(&group, &members, BUDGET, &[], &[])
+            .unwrap_err(),
+        "PodGroup default/train: pod default/train-1 has preemptionPolicy Never"
+    );
+}
+
+#[test]
+fn a_group_member_is_sent_to_preempt_group() {
+    let mut e = gang_cluster(&[("n1", 2), ("n2", 2)]).engine();
+    assert_eq!(
+        e.preempt(&key("train-0"), BUDGET, &[]).unwrap_err(),
+        "pod default/train-0 is a member of PodGroup default/train: a PodGroup preempts as a whole (Engine::preempt_group), its members do not preempt one by one"
+    );
+}
+
+#[test]
+fn a_gang_that_fits_or_has_no_time_does_not_preempt() {
+    let mut e = gang_cluster(&[("n1", 0), ("n2", 1), ("n3", 0)]).engine();
+    let (group, members) = train();
+    assert_eq!(
+        e.preempt_group(&group, &members, BUDGET, &[], &[])
+            .unwrap_err(),
+        "PodGroup default/train fits without preemption"
+    );
+    let mut e = gang_cluster(&[("n1", 2), ("n2", 2)]).engine();
+    let err = e
+        .preempt_group(&group, &members, Duration::ZERO, &[], &[])
+        .unwrap_err();
+    assert!(
+        err.starts_with("PodGroup default/train: preemption ran out of its 0ns budget"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_victim_gang_is_evicted_whole_for_a_preempting_group() {
+    // One GPU per node. n1 is free; worker-0 and worker-1 (gang `batch`, priority 0) hold
+    // n2 and n3; n4 is held by a priority-5000 pod. The preempting gang needs two GPUs: one
+    // more than is free, yet `batch` goes as a whole.
+    let cluster = || {
+        let mut c = Cluster::new(&[("n1", 1), ("n2", 1), ("n3", 1), ("n4", 1)])
+            .with(running("keep", "n4", "gpu-0", 5000, 0))
+            .with(member("train-0", "train", 1000, 1))
+            .with(member("train-1", "train", 1000, 1));
+        for (i, n) in ["n2", "n3"].iter().enumerate() {
+            let (pod, claim) = running(&format!("worker-{i}"), n, "gpu-0", 0, 0);
+            c = c.with((in_group(pod, "batch"), claim));
+        }
+        c
+    };
+    let (group, members) = train();
+    let mut e = cluster().engine();
+    let p = e.preempt_group(&group, &members, BUDGET, &[], &[]).unwrap();
+    assert_eq!(group_victims(&p), ["worker-0", "worker-1"]);
+    let placed = members_placed(&p);
+    assert!(placed.iter().any(|(_, n, _)| n == "n1"), "{placed:?}");
+    for (_, node, v) in &placed {
+        match node.as_str() {
+            "n1" => assert!(v.is_empty()),
+            // The member's preemption names the whole victim gang.
+            _ => assert_eq!(v, &["worker-0", "worker-1"]),
+        }
+    }
+    // With disruptionMode single, one worker is enough.
+    let batch = gang("batch", 2, json!({"disruptionMode": {"single": {}}}));
+    let mut e = cluster().engine();
+    let p = e
+        .preempt_group(&group, &members, BUDGET, &[], &[batch])
+        .unwrap();
+    assert_eq!(p.victims.len(), 1, "{:?}", p.victims);
 }
