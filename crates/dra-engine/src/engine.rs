@@ -835,14 +835,28 @@ impl Engine {
     /// apply to it (its own, and those of pods of lower priority). Returns them for
     /// [`Engine::restore_holds`] after the cycle.
     pub(crate) fn lift_holds(&mut self, key: &ObjectKey, pod: &Pod) -> Vec<AllocationResult> {
+        let uid = pod.metadata.uid.clone();
         let priority = crate::plugins::priority_sort::priority(pod);
+        self.lift(|k, h| (k == key && (h.uid.is_none() || h.uid == uid)) || priority > h.priority)
+    }
+
+    /// [`Engine::lift_holds`] for a PodGroup's members (who share `pod`'s priority): their
+    /// own holds and those of pods of lower priority.
+    pub(crate) fn lift_holds_of(
+        &mut self,
+        members: &[ObjectKey],
+        pod: &Pod,
+    ) -> Vec<AllocationResult> {
+        let priority = crate::plugins::priority_sort::priority(pod);
+        self.lift(|k, h| members.contains(k) || priority > h.priority)
+    }
+
+    /// Give back, in the allocator's view, the holds `lifted` picks.
+    fn lift(&mut self, lifted: impl Fn(&ObjectKey, &Hold) -> bool) -> Vec<AllocationResult> {
         let lifted: Vec<AllocationResult> = self
             .nominations
             .iter()
-            .filter(|(k, h)| {
-                let own = *k == key && (h.uid.is_none() || h.uid == pod.metadata.uid);
-                own || priority > h.priority
-            })
+            .filter(|(k, h)| lifted(k, h))
             .flat_map(|(_, h)| h.allocations.iter().cloned())
             .collect();
         if lifted.is_empty() {

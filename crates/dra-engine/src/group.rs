@@ -556,22 +556,21 @@ impl Engine {
             })
             .collect();
         // Devices held for nominated pods (`Engine::nominate`, after a preemption) are taken
-        // in the allocator's view, yet a member's own cycle sees its own hold and those of
-        // pods of lower priority free: while any hold exists the bound cannot tell, and
-        // the search decides.
-        let held = self
-            .state()
-            .pods
-            .keys()
-            .any(|k| self.nominated_node(k).is_some());
+        // in the allocator's view; the members' own holds, and those of pods of lower
+        // priority, are free for the group, as each member's cycle sees them.
+        let lifted = match members
+            .first()
+            .and_then(|k| self.state().pods.get(k))
+            .cloned()
+        {
+            Some(pod) => self.lift_holds_of(members, &pod),
+            None => Vec::new(),
+        };
         let snapshot = self.snapshot();
         let nodes: Vec<&NodeInfo> = self.state().nodes.values().collect();
         let supply = shapes
             .iter()
             .map(|shape| {
-                if held {
-                    return None;
-                }
                 let probe = probe_claim(&shape.request);
                 let allocator = Allocator::new(&snapshot, &[&probe]).ok()?;
                 nodes
@@ -588,6 +587,8 @@ impl Engine {
                     .collect::<Option<BTreeMap<_, _>>>()
             })
             .collect();
+        drop(snapshot);
+        self.restore_holds(lifted);
         Ok(Demand {
             shared,
             shapes,
