@@ -414,3 +414,61 @@ async fn side_by_side_kube_scheduler_frees_no_devices_and_we_do() {
     assert_eq!(ours[0], "low-2, low-3");
     assert_eq!(ours[1], "bound to gpu-node-0000");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_urgent_gang_preempts_as_a_group_and_is_placed_whole() {
+    let cluster = TestCluster::dedicated();
+    apply_fleet(&cluster, 2, 2);
+    let (_daemon, pods, client) = started(&cluster).await;
+    fill(
+        &cluster,
+        &pods,
+        &[
+            ("low-0", "", "gpu-node-0000"),
+            ("low-1", "", "gpu-node-0000"),
+            ("low-2", "", "gpu-node-0001"),
+            ("low-3", "", "gpu-node-0001"),
+        ],
+    )
+    .await;
+    // A gang of 2 pods of priority 1000, 2 GPUs each: only evicting all four makes room.
+    // (The PodGroup carries the priority too: kube-scheduler requires the members' to be
+    // the group's.)
+    let mut text = String::from(
+        "apiVersion: scheduling.k8s.io/v1beta1\nkind: PodGroup\nmetadata: {name: train}\n\
+         spec: {priorityClassName: urgent, schedulingPolicy: {gang: {minCount: 2}}}\n",
+    );
+    for i in 0..2 {
+        text += "---\n";
+        text += &pod(
+            &format!("train-{i}"),
+            Some("urgent"),
+            "two-gpus",
+            "gang: train",
+            None,
+        )
+        .replace(
+            "  schedulerName: dra-scheduler\n",
+            "  schedulerName: dra-scheduler\n  schedulingGroup: {podGroupName: train}\n",
+        );
+    }
+    kubectl_apply_text(&cluster, "gang", text.as_bytes());
+    let deleted = victims(&pods, 4).await;
+    assert_eq!(deleted, names(&["low-0", "low-1", "low-2", "low-3"]));
+    let nodes = eventually("both members bound", 90, || async {
+        let mut nodes = BTreeSet::new();
+        for i in 0..2 {
+            nodes.insert(node_of(&pods.get(&format!("train-{i}")).await.ok()?)?.to_string());
+        }
+        Some(nodes)
+    })
+    .await;
+    assert_eq!(nodes.len(), 2, "one member per node: {nodes:?}");
+    assert_eq!(assert_no_device_twice(&client).await, 4);
+    let told = events_about(&client, "low-0").await;
+    assert!(
+        told.iter()
+            .any(|e| e.contains("Preempted by PodGroup default/train")),
+        "{told:?}"
+    );
+}

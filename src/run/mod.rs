@@ -34,7 +34,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use dra_engine::group::GroupDecision;
 use dra_engine::{
-    ClusterInput, ClusterState, Decision, Engine, EngineConfig, ObjectKey, Placement, Preemption,
+    ClusterInput, ClusterState, Decision, Engine, EngineConfig, GroupPreemption, ObjectKey,
+    Placement, Preemption,
 };
 use futures::stream::{BoxStream, SelectAll, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, ObjectReference, Pod};
@@ -363,6 +364,8 @@ struct Attempt {
     fork: Option<Engine>,
     /// For a pod that fits nowhere: whom to preempt where, or why nobody.
     preemption: Option<Result<Preemption, String>>,
+    /// The same for a PodGroup that cannot be placed.
+    group_preemption: Option<Result<GroupPreemption, String>>,
 }
 
 /// What a preemption search needs besides the engine, shared with the worker.
@@ -387,12 +390,28 @@ fn run_attempt(
     let budget = engine.config().filter_timeout;
     let first_try = FIRST_TRY.min(budget);
     let outcome = decide(&mut engine, &work, first_try, &cancel);
-    let preemption = match (&work, &outcome, inputs) {
+    let (mut preemption, mut group_preemption) = (None, None);
+    match (&work, &outcome, inputs) {
         (Work::Pod(key), Outcome::Pod(Decision::Unschedulable { .. }), Some(inputs)) => {
-            Some(preempt(&mut engine, key, first_try, &inputs))
+            preemption = Some(preempt(&mut engine, key, first_try, &inputs));
         }
-        _ => None,
-    };
+        (
+            Work::Group { group, members },
+            Outcome::Group(GroupDecision::Unschedulable { .. }),
+            Some(inputs),
+        ) => {
+            let key = ObjectKey::of(&group.metadata);
+            group_preemption = Some(guarded(
+                &mut engine,
+                &key,
+                |engine| {
+                    engine.preempt_group(group, members, first_try, &inputs.pdbs, &inputs.groups)
+                },
+                Err,
+            ));
+        }
+        _ => {}
+    }
     let elapsed = started.elapsed().as_secs_f64();
     let out_of_time = match &outcome {
         Outcome::Pod(decision) => matches!(decision, Decision::OutOfTime { .. }),
@@ -410,6 +429,7 @@ fn run_attempt(
         elapsed,
         fork,
         preemption,
+        group_preemption,
     }
 }
 
@@ -814,6 +834,12 @@ impl Daemon {
                 (Work::Pod(key), Outcome::Pod(decision)) => {
                     self.decided(key, decision, attempt.elapsed, attempt.preemption)
                 }
+                (Work::Group { members, .. }, Outcome::Group(decision)) => self.group_decided(
+                    &members,
+                    decision,
+                    attempt.elapsed,
+                    attempt.group_preemption,
+                ),
                 (work, outcome) => self.outcome(work, outcome, attempt.elapsed),
             }
         } else {
@@ -1078,6 +1104,43 @@ impl Daemon {
         }
     }
 
+    /// [`Daemon::with_preemption`] for a PodGroup: every member's devices are held and the
+    /// victims evicted once.
+    fn with_group_preemption(
+        &mut self,
+        members: &[ObjectKey],
+        message: String,
+        preemption: Option<Result<GroupPreemption, String>>,
+    ) -> String {
+        let priority = members
+            .first()
+            .and_then(|m| here(&mut self.engine).state().pods.get(m))
+            .map_or(0, pod_priority);
+        match preemption {
+            Some(Ok(preemption)) => {
+                let message = format!("{message} preemption: {}", preemption.message);
+                let engine = here(&mut self.engine);
+                for member in &preemption.preemptions {
+                    engine.nominate(member);
+                }
+                self.metrics
+                    .preemptions
+                    .inc_by(preemption.victims.len() as u64);
+                tracing::info!(podgroup = %preemption.group, victims = preemption.victims.len(), reason = %preemption.message, "preempting for a PodGroup");
+                tokio::spawn(preemption::carry_out_group(
+                    self.client.clone(),
+                    self.metrics.clone(),
+                    self.user.recorder.clone(),
+                    self.scheduler_name.clone(),
+                    preemption,
+                ));
+                message
+            }
+            Some(Err(why)) if priority > 0 => format!("{message} preemption: {why}"),
+            _ => message,
+        }
+    }
+
     /// Hold the freed devices for the preemptor and evict the victims.
     fn preempted(&mut self, preemption: Preemption) {
         here(&mut self.engine).nominate(&preemption);
@@ -1153,7 +1216,7 @@ impl Daemon {
         match (work, outcome) {
             (Work::Pod(key), Outcome::Pod(decision)) => self.decided(key, decision, elapsed, None),
             (Work::Group { members, .. }, Outcome::Group(decision)) => {
-                self.group_decided(&members, decision, elapsed)
+                self.group_decided(&members, decision, elapsed, None)
             }
             (work, _) => {
                 tracing::error!(%work, "an attempt answered for other work; backing off");
@@ -1165,7 +1228,13 @@ impl Daemon {
     /// Take a PodGroup's decision: assume every member's placement and write them as one
     /// ([`binder::bind_group`]); or tell every member why the group waits. The PodGroup's
     /// condition says which.
-    fn group_decided(&mut self, members: &[ObjectKey], decision: GroupDecision, elapsed: f64) {
+    fn group_decided(
+        &mut self,
+        members: &[ObjectKey],
+        decision: GroupDecision,
+        elapsed: f64,
+        preemption: Option<Result<GroupPreemption, String>>,
+    ) {
         let group = decision.group().clone();
         let result = match &decision {
             GroupDecision::Scheduled(_) => "scheduled",
@@ -1201,6 +1270,7 @@ impl Daemon {
                 self.scheduled_group(placed.placements, elapsed);
             }
             GroupDecision::Unschedulable { message, .. } => {
+                let message = self.with_group_preemption(members, message, preemption);
                 tracing::info!(podgroup = %group, attempt_seconds = elapsed, reason = %message, "PodGroup is unschedulable");
                 for pod in members {
                     self.queue

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use dra_engine::{ObjectKey, Preemption};
+use dra_engine::{GroupPreemption, ObjectKey, Preemption, Victim};
 use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -83,9 +83,46 @@ pub(super) async fn carry_out(
     scheduler: String,
     preemption: Preemption,
 ) {
-    let pod = &preemption.pod;
+    nominate(&client, &metrics, &preemption.pod, &preemption.node).await;
+    let by = format!("pod {}", preemption.pod);
+    evict(
+        &client,
+        &metrics,
+        &recorder,
+        &scheduler,
+        &by,
+        &preemption.victims,
+    )
+    .await;
+}
+
+/// A PodGroup's preemption: every member's nominated node, then each victim once.
+pub(super) async fn carry_out_group(
+    client: Client,
+    metrics: Arc<Metrics>,
+    recorder: Arc<Recorder>,
+    scheduler: String,
+    preemption: GroupPreemption,
+) {
+    for member in &preemption.preemptions {
+        nominate(&client, &metrics, &member.pod, &member.node).await;
+    }
+    let by = format!("PodGroup {}", preemption.group);
+    evict(
+        &client,
+        &metrics,
+        &recorder,
+        &scheduler,
+        &by,
+        &preemption.victims,
+    )
+    .await;
+}
+
+/// The preemptor's `status.nominatedNodeName`.
+async fn nominate(client: &Client, metrics: &Metrics, pod: &ObjectKey, node: &str) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
-    let nominated = serde_json::json!({"status": {"nominatedNodeName": preemption.node}});
+    let nominated = serde_json::json!({"status": {"nominatedNodeName": node}});
     if let Err(e) = metrics
         .write(
             "patch",
@@ -96,7 +133,18 @@ pub(super) async fn carry_out(
     {
         tracing::warn!(%pod, error = %e, "could not record the nominated node");
     }
-    for victim in &preemption.victims {
+}
+
+/// Each victim: the DisruptionTarget condition, a Preempted event, the deletion.
+async fn evict(
+    client: &Client,
+    metrics: &Metrics,
+    recorder: &Recorder,
+    scheduler: &str,
+    by: &str,
+    victims: &[Victim],
+) {
+    for victim in victims {
         let api: Api<Pod> = Api::namespaced(client.clone(), &victim.pod.namespace);
         let condition = serde_json::json!({"status": {"conditions": [{
             "type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
@@ -119,10 +167,7 @@ pub(super) async fn carry_out(
         let event = KubeEvent {
             type_: EventType::Normal,
             reason: "Preempted".into(),
-            note: Some(format!(
-                "Preempted by pod {} on node {}",
-                preemption.pod, victim.node
-            )),
+            note: Some(format!("Preempted by {by} on node {}", victim.node)),
             action: "Preempting".into(),
             secondary: None,
         };
@@ -147,7 +192,7 @@ pub(super) async fn carry_out(
             .await
         {
             Ok(_) => {
-                tracing::info!(victim = %victim.pod, node = %victim.node, preemptor = %pod, "preempted")
+                tracing::info!(victim = %victim.pod, node = %victim.node, preemptor = %by, "preempted")
             }
             Err(e) => {
                 tracing::warn!(victim = %victim.pod, error = %e, "could not delete the victim")
