@@ -8,7 +8,8 @@
 //! simulate places; and the real API server accepts simulate's allocations as claim status
 //! (and the live scheduler's, which it wrote itself).
 //!
-//! `cargo test --test gang_reference -- --nocapture` prints the table.
+//! `cargo test --test gang_reference -- --nocapture --test-threads 1` prints the table,
+//! one example at a time.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -324,11 +325,9 @@ async fn api_server_accepts_allocations(cluster: &TestCluster, sim: &Simulation,
     assert!(written > 0, "{case}: simulate allocated no claim");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn simulate_and_the_live_scheduler_place_every_gang_kube_scheduler_places_and_the_ones_it_cannot()
- {
-    // GANG_EXAMPLES=a,b runs only those examples (for debugging one of them).
-    let only = std::env::var("GANG_EXAMPLES").ok();
+/// One example through the three schedulers (the examples run as tests of their own, so
+/// that two run at once).
+async fn compare(name: &str) {
     let mut rows = vec![[
         "case".to_string(),
         "kube-scheduler 1.37.2".to_string(),
@@ -336,13 +335,7 @@ async fn simulate_and_the_live_scheduler_place_every_gang_kube_scheduler_places_
         "dra-scheduler run".to_string(),
     ]];
     let mut notes = Vec::new();
-    for case in CASES {
-        if only
-            .as_deref()
-            .is_some_and(|o| !o.split(',').any(|x| x == case.example))
-        {
-            continue;
-        }
+    for case in CASES.iter().filter(|c| c.example == name) {
         eprintln!("example {}", case.example);
         // Each example has its own cluster: examples reuse node and class names.
         let cluster = TestCluster::dedicated();
@@ -439,4 +432,24 @@ async fn simulate_and_the_live_scheduler_place_every_gang_kube_scheduler_places_
     for note in &notes {
         println!("{note}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gang_backtracking_is_refused_by_kube_scheduler_and_placed_by_us() {
+    compare("gang-backtracking").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gang_8x8_is_placed_by_all_three_and_the_late_gang_by_none() {
+    compare("gang-8x8").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gang_rack_places_the_same_groups_as_kube_scheduler() {
+    compare("gang-rack").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gang_shared_claim_is_refused_by_kube_scheduler_and_placed_by_us() {
+    compare("gang-shared-claim").await;
 }
