@@ -52,6 +52,9 @@ const CLASS: &str = "lp-gpu";
 const EXTENDED: &str = "example.com/lp-gpu";
 /// Trials at once: each runs a scheduler process of its own.
 const PARALLEL: usize = 6;
+/// How long a trial waits for what it expects, in seconds: a bound on a hang, not a speed
+/// (six schedulers and their trials share two cores).
+const HANG: u64 = 120;
 
 /// One (API group, resource, verb) a role grants.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -528,7 +531,7 @@ impl Scenario {
             }
             Scenario::VolumeToProvision => {
                 let pvcs: Api<PersistentVolumeClaim> = t.ns.api();
-                eventually("the claim to provision names the node", 60, || async {
+                eventually("the claim to provision names the node", HANG, || async {
                     let pvc = pvcs.get(self.claim()).await.ok()?;
                     let node = pvc
                         .metadata
@@ -542,7 +545,7 @@ impl Scenario {
             Scenario::Preempt => {
                 // No kubelet here: once the scheduler has deleted the victim, the test
                 // confirms it stopped, as its kubelet would.
-                let victim = eventually("the victim deleted", 60, || async {
+                let victim = eventually("the victim deleted", HANG, || async {
                     let p = pods.get("preempt-victim").await.ok()?;
                     p.metadata.deletion_timestamp.is_some().then_some(p)
                 })
@@ -566,7 +569,7 @@ impl Scenario {
             Scenario::Gang => {
                 t.bound(self.pod()).await;
                 let groups: Api<PodGroup> = t.ns.api();
-                eventually("the PodGroup's scheduled condition", 60, || async {
+                eventually("the PodGroup's scheduled condition", HANG, || async {
                     let group = groups.get("lp-gang").await.ok()?;
                     group
                         .status?
@@ -578,7 +581,7 @@ impl Scenario {
             }
             Scenario::Unschedulable => {
                 let condition =
-                    eventually("the pod's PodScheduled=False condition", 60, || async {
+                    eventually("the pod's PodScheduled=False condition", HANG, || async {
                         let pod = pods.get(self.pod()).await.ok()?;
                         pod.status?.conditions?.into_iter().find(|c| {
                             c.type_ == "PodScheduled"
@@ -589,7 +592,7 @@ impl Scenario {
                     .await;
                 assert!(condition.message.unwrap_or_default().contains("node"));
                 let events: Api<Event> = t.ns.api();
-                eventually("the second failure as the event's series", 60, || async {
+                eventually("the second failure as the event's series", HANG, || async {
                     let list = events.list(&ListParams::default()).await.ok()?;
                     list.items.into_iter().find(|e| {
                         e.reason.as_deref() == Some("FailedScheduling")
@@ -824,7 +827,7 @@ impl Daemon {
     async fn logs_times(&self, text: &str, times: usize) {
         eventually(
             &format!("the scheduler to log {text:?} {times} times"),
-            60,
+            HANG,
             || async { (self.log().matches(text).count() >= times).then_some(()) },
         )
         .await;
@@ -890,7 +893,7 @@ impl Trial {
 
     async fn bound_to(&self, pod: &str, node: &str) {
         let pods: Api<Pod> = self.ns.api();
-        eventually(&format!("pod {pod} bound to {node}"), 60, || async {
+        eventually(&format!("pod {pod} bound to {node}"), HANG, || async {
             let p = pods.get(pod).await.ok()?;
             (node_of(&p) == Some(node)).then_some(())
         })
@@ -907,7 +910,7 @@ impl Trial {
         let events: Api<Event> = self.ns.api();
         eventually(
             &format!("a {reason} event about {pod} saying {text:?}"),
-            60,
+            HANG,
             || async {
                 let list = events.list(&ListParams::default()).await.ok()?;
                 list.items.into_iter().find(|e| {

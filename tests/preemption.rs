@@ -351,20 +351,35 @@ async fn urgent_on_a_full_node(
         "urgent",
         pod("urgent", Some("urgent"), "two-gpus", "", None).as_bytes(),
     );
-    tokio::time::sleep(Duration::from_secs(15)).await;
-    let list = pods.list(&ListParams::default()).await.unwrap().items;
-    let deleted: Vec<String> = list
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_some())
-        .map(|p| p.metadata.name.clone().unwrap())
-        .collect();
-    if confirm && !deleted.is_empty() {
-        victims(pods, deleted.len()).await;
+    // Both schedulers say what preemption did in the pod's FailedScheduling event.
+    eventually(
+        "the urgent pod's attempt, preemption included",
+        60,
+        || async {
+            let events = events_about(client, "urgent").await;
+            events
+                .iter()
+                .any(|e| e.contains("preemption"))
+                .then_some(())
+        },
+    )
+    .await;
+    let deleted: Vec<String> = if confirm {
+        let victims = victims(pods, 2).await;
         eventually("the urgent pod bound", 90, || async {
             node_of(&pods.get("urgent").await.ok()?).map(|_| ())
         })
         .await;
-    }
+        victims.into_iter().collect()
+    } else {
+        // Time for a deletion to show, if kube-scheduler made one.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let list = pods.list(&ListParams::default()).await.unwrap().items;
+        list.iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_some())
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect()
+    };
     let urgent = pods.get("urgent").await.unwrap();
     let outcome = match node_of(&urgent) {
         Some(node) => format!("bound to {node}"),
