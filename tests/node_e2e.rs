@@ -1174,21 +1174,29 @@ fn end_to_end(full: bool) {
         }
         body
     };
+    // The new leader's own decisions: every pod it placed counts here. (Its claim
+    // allocation count can be 0: a claim the old leader allocated before it was killed
+    // is not allocated again.)
+    let scheduled = "dra_scheduler_scheduling_attempt_duration_seconds_count{result=\"scheduled\"}";
     let mut body = String::new();
     for _ in 0..30 {
         body = scrape();
-        if body.contains("dra_scheduler_claim_allocation_duration_seconds_count") {
+        if body.contains(scheduled) {
             break;
         }
         std::thread::sleep(Duration::from_secs(1));
     }
     let line = body
         .lines()
-        .find(|l| l.starts_with("dra_scheduler_claim_allocation_duration_seconds_count"))
-        .unwrap_or_else(|| panic!("no allocation count in /metrics after 30 tries:\n{body}"))
+        .find(|l| l.starts_with(scheduled))
+        .unwrap_or_else(|| panic!("no scheduled attempts in /metrics after 30 tries:\n{body}"))
         .to_string();
     let count: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-    println!("/metrics of {new_leader} (kubectl port-forward): {line}");
+    let allocations = body
+        .lines()
+        .find(|l| l.starts_with("dra_scheduler_claim_allocation_duration_seconds_count"))
+        .unwrap_or_default();
+    println!("/metrics of {new_leader} (kubectl port-forward): {line}; {allocations}");
     assert!(count >= 1.0, "{line}");
     step("done");
 }
