@@ -19,11 +19,10 @@ use dra_engine::group::pod_group_name;
 use dra_scheduler::simulate::manifests::{self, Object};
 use dra_scheduler::simulate::{self, Simulation};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::api::scheduling::v1beta1::PodGroup;
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::api::ListParams;
 use kube::{Api, Client};
-use test_cluster::{TestCluster, server_message};
+use test_cluster::TestCluster;
 
 mod common;
 
@@ -284,47 +283,6 @@ fn simulated_outcomes(sim: &Simulation) -> BTreeMap<String, Outcome> {
         .collect()
 }
 
-/// Write every claim simulate allocated, with that allocation as its status, to a fresh
-/// namespace of the real API server: it must accept each one.
-async fn api_server_accepts_allocations(cluster: &TestCluster, sim: &Simulation, case: &str) {
-    let scratch = cluster.namespace("sim-allocations").await;
-    let claims: Api<ResourceClaim> = scratch.api();
-    let mut written = 0;
-    for (key, claim) in sim.engine.state().claims.iter() {
-        let Some(mut status) = claim.status.clone().filter(|s| s.allocation.is_some()) else {
-            continue;
-        };
-        // simulate's pods have no UIDs; the API requires one per consumer.
-        for (i, consumer) in status.reserved_for.iter_mut().flatten().enumerate() {
-            consumer.uid = format!("00000000-0000-0000-0000-{i:012}");
-        }
-        let copy = ResourceClaim {
-            metadata: ObjectMeta {
-                name: Some(key.name.clone()),
-                ..Default::default()
-            },
-            spec: claim.spec.clone(),
-            status: None,
-        };
-        let mut created = claims
-            .create(&PostParams::default(), &copy)
-            .await
-            .unwrap_or_else(|e| panic!("{case}: claim {key}: {}", server_message(&e)));
-        created.status = Some(status);
-        claims
-            .replace_status(&key.name, &PostParams::default(), &created)
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "{case}: the API server rejects simulate's allocation of {key}: {}",
-                    server_message(&e)
-                )
-            });
-        written += 1;
-    }
-    assert!(written > 0, "{case}: simulate allocated no claim");
-}
-
 /// One example through the three schedulers (the examples run as tests of their own, so
 /// that two run at once).
 async fn compare(name: &str) {
@@ -347,7 +305,8 @@ async fn compare(name: &str) {
         let reference = apply_group_by_group(&cluster, &client, &dir).await;
         let sim = simulate_example(&dir);
         let ours = simulated_outcomes(&sim);
-        api_server_accepts_allocations(&cluster, &sim, case.example).await;
+        let written = common::api_server_accepts_allocations(&cluster, &sim, case.example).await;
+        assert!(written > 0, "{}: simulate allocated no claim", case.example);
         drop(cluster);
         // The live scheduler, on a control plane of its own, gets the same manifests in the
         // same order.

@@ -15,6 +15,8 @@ use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client};
 use test_cluster::{TestCluster, server_message};
 
+mod common;
+
 const EXAMPLES: &[&str] = &[
     "first-available",
     "memory-selector",
@@ -314,39 +316,7 @@ async fn kube_scheduler_and_simulate_place_the_same_pods() {
         ));
 
         // simulate's allocations are valid claim status for the real API server.
-        let scratch = cluster.namespace("sim-allocations").await;
-        let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &scratch.name);
-        for (key, claim) in sim.engine.state().claims.iter() {
-            let Some(mut status) = claim.status.clone().filter(|s| s.allocation.is_some()) else {
-                continue;
-            };
-            // simulate's pods have no UIDs; the API requires one per consumer.
-            for (i, consumer) in status.reserved_for.iter_mut().flatten().enumerate() {
-                consumer.uid = format!("00000000-0000-0000-0000-{i:012}");
-            }
-            let copy = ResourceClaim {
-                metadata: ObjectMeta {
-                    name: Some(key.name.clone()),
-                    ..Default::default()
-                },
-                spec: claim.spec.clone(),
-                status: None,
-            };
-            let mut created = claims
-                .create(&PostParams::default(), &copy)
-                .await
-                .unwrap_or_else(|e| panic!("{name}: claim {key}: {}", server_message(&e)));
-            created.status = Some(status);
-            claims
-                .replace_status(&key.name, &PostParams::default(), &created)
-                .await
-                .unwrap_or_else(|e| {
-                    panic!(
-                        "{name}: the API server rejects simulate's allocation of {key}: {}",
-                        server_message(&e)
-                    )
-                });
-        }
+        common::api_server_accepts_allocations(&cluster, &sim, name).await;
         drop(cluster);
     }
     println!("{}", report.join("\n"));

@@ -359,3 +359,52 @@ pub fn token_kubeconfig(admin: &std::path::Path, token: &str, path: &std::path::
     }
     std::fs::write(path, serde_json::to_vec_pretty(&kc).unwrap()).unwrap();
 }
+
+/// Write every claim `sim` allocated, with that allocation as its status, to a fresh
+/// namespace of the real API server: it must accept each one (`case` names the run in the
+/// panic). Returns how many were written.
+pub async fn api_server_accepts_allocations(
+    cluster: &TestCluster,
+    sim: &dra_scheduler::simulate::Simulation,
+    case: &str,
+) -> usize {
+    use kube::api::{ObjectMeta, PostParams};
+    let scratch = cluster.namespace("sim-allocations").await;
+    let claims: Api<ResourceClaim> = scratch.api();
+    let mut written = 0;
+    for (key, claim) in sim.engine.state().claims.iter() {
+        let Some(mut status) = claim.status.clone().filter(|s| s.allocation.is_some()) else {
+            continue;
+        };
+        // simulate's pods have no UIDs; the API requires one per consumer.
+        for (i, consumer) in status.reserved_for.iter_mut().flatten().enumerate() {
+            consumer.uid = format!("00000000-0000-0000-0000-{i:012}");
+        }
+        let copy = ResourceClaim {
+            metadata: ObjectMeta {
+                name: Some(key.name.clone()),
+                ..Default::default()
+            },
+            spec: claim.spec.clone(),
+            status: None,
+        };
+        let mut created = claims
+            .create(&PostParams::default(), &copy)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("{case}: claim {key}: {}", test_cluster::server_message(&e))
+            });
+        created.status = Some(status);
+        claims
+            .replace_status(&key.name, &PostParams::default(), &created)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{case}: the API server rejects simulate's allocation of {key}: {}",
+                    test_cluster::server_message(&e)
+                )
+            });
+        written += 1;
+    }
+    written
+}
