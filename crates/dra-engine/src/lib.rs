@@ -18,6 +18,9 @@
 //!   evict so that a pod that fits nowhere fits, counting the devices their claims give
 //!   back; [`Engine::nominate`] holds those devices for the pod while the victims go.
 //!   [`Engine::preempt_group`] does so for a PodGroup's pending members as one.
+//! - [`Engine::handoff`] says when a pod placed on a lower-ranked `firstAvailable`
+//!   subrequest would get a better one from a terminating pod's devices ([`handoff`]), and
+//!   [`Engine::degraded`] which bound pods run on a worse device than is free now.
 //!
 //! Nothing here does I/O: the same code serves the live daemon and the offline simulator.
 //!
@@ -43,6 +46,7 @@ pub mod engine;
 pub mod extended;
 pub mod framework;
 pub mod group;
+pub mod handoff;
 pub mod plugins;
 pub mod preemption;
 pub mod resources;
@@ -55,5 +59,6 @@ pub use engine::{
 };
 pub use framework::Profile;
 pub use group::{GroupDecision, GroupPlacement};
+pub use handoff::{Degradation, Handoff, Owners};
 pub use preemption::{GroupPreemption, Preemption, Victim};
 pub use state::{ClusterInput, ClusterState, NodeInfo, ObjectKey};

@@ -275,6 +275,9 @@ pub struct Workloads {
     /// `spec.selector` of each ReplicaSet, parsed; [`Selector::Nothing`] when it is
     /// missing or invalid (kube-scheduler then adds none of it).
     pub replica_sets: BTreeMap<ObjectKey, Selector>,
+    /// The controller of each ReplicaSet that has one, `Kind/name` (its Deployment): a
+    /// Deployment's pods of every revision share an owner (`crate::handoff`).
+    pub replica_set_owners: BTreeMap<ObjectKey, String>,
     pub stateful_sets: BTreeMap<ObjectKey, Selector>,
 }
 
@@ -306,12 +309,24 @@ impl Workloads {
     }
 
     pub fn upsert_replica_set(&mut self, rs: &ReplicaSet) {
+        let key = ObjectKey::of(&rs.metadata);
         self.replica_sets
-            .insert(ObjectKey::of(&rs.metadata), parsed(&rs.spec.selector));
+            .insert(key.clone(), parsed(&rs.spec.selector));
+        let controller = rs.metadata.owner_references.iter().flatten();
+        match controller.into_iter().find(|o| o.controller == Some(true)) {
+            Some(o) => {
+                self.replica_set_owners
+                    .insert(key, format!("{}/{}", o.kind, o.name));
+            }
+            None => {
+                self.replica_set_owners.remove(&key);
+            }
+        }
     }
 
     pub fn remove_replica_set(&mut self, key: &ObjectKey) {
         self.replica_sets.remove(key);
+        self.replica_set_owners.remove(key);
     }
 
     pub fn upsert_stateful_set(&mut self, ss: &StatefulSet) {
