@@ -192,6 +192,8 @@ fn lint_and_render() {
             "clientBurst": 200,
             "filterTimeoutSeconds": 10,
             "preemption": {"enabled": true},
+            "handoff": {"enabled": true, "owners": "same", "marginSeconds": 10, "maxWaitSeconds": 60},
+            "degraded": {"intervalSeconds": 10, "upgrade": {"enabled": false, "afterSeconds": 300}},
             "leaderElection": {
                 "leaderElect": true,
                 "leaseName": "dra-scheduler",
@@ -488,6 +490,44 @@ fn values_change_what_is_rendered() {
         docs.iter().filter(|d| d["kind"] == "ClusterRole").count(),
         1,
         "no node agent role without the node agent"
+    );
+
+    // The upgrade of degraded pods: its settings reach the config file, and only with it on
+    // may the scheduler evict pods.
+    let scheduler_grants = |docs: &[Value]| {
+        let role = docs
+            .iter()
+            .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "dra-scheduler")
+            .expect("the scheduler's ClusterRole");
+        grants(role)
+    };
+    let eviction = (
+        "".to_string(),
+        "pods/eviction".to_string(),
+        "create".to_string(),
+    );
+    assert!(!scheduler_grants(&template(&[])).contains(&eviction));
+    let docs = template(&[
+        "config.degraded.upgrade.enabled=true",
+        "config.degraded.upgrade.afterSeconds=30",
+        "config.handoff.owners=any",
+        "config.handoff.maxWaitSeconds=20",
+    ]);
+    assert!(scheduler_grants(&docs).contains(&eviction));
+    let cfg = config(&docs);
+    assert_eq!(
+        cfg["degraded"],
+        json!({"intervalSeconds": 10, "upgrade": {"enabled": true, "afterSeconds": 30}})
+    );
+    assert_eq!(
+        cfg["handoff"],
+        json!({"enabled": true, "owners": "any", "marginSeconds": 10, "maxWaitSeconds": 20})
+    );
+    assert!(
+        template_error(&["config.handoff.owners=mine"])
+            .contains("config.handoff.owners must be same or any, not \"mine\""),
+        "{}",
+        template_error(&["config.handoff.owners=mine"])
     );
 
     // Settings reach the config file; the Lease's Role follows the Lease.

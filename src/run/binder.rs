@@ -954,6 +954,42 @@ pub async fn release_claim(
     ))
 }
 
+/// Evict a pod through the Eviction API, so that PodDisruptionBudgets hold, with its UID
+/// as precondition (a pod of the same name created since is left alone): `evicted`,
+/// `blocked` (429: a budget allows no disruption now) or `error`.
+pub async fn evict(
+    client: &Client,
+    metrics: &Metrics,
+    pod: &ObjectKey,
+    uid: Option<&str>,
+) -> &'static str {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
+    let params = kube::api::EvictParams {
+        delete_options: Some(kube::api::DeleteParams {
+            preconditions: uid.map(|uid| kube::api::Preconditions {
+                uid: Some(uid.to_string()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    match metrics
+        .write("create", "pods/eviction", api.evict(&pod.name, &params))
+        .await
+    {
+        Ok(_) => "evicted",
+        Err(kube::Error::Api(s)) if s.code == 429 => {
+            tracing::info!(%pod, reason = %s.message, "eviction refused by a PodDisruptionBudget; tried again later");
+            "blocked"
+        }
+        Err(e) => {
+            tracing::warn!(%pod, error = %describe(&e), "eviction failed");
+            "error"
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

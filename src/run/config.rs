@@ -19,7 +19,9 @@ pub struct RunArgs {
     /// filterTimeoutSeconds, leaderElection {leaderElect, leaseName, leaseNamespace,
     /// leaseDurationSeconds, renewDeadlineSeconds, retryPeriodSeconds}, scoring
     /// {prioritizedList, numaAlignment, devicePacking, leastAllocated} (weights), profile
-    /// (a KubeSchedulerConfiguration profile: plugins, pluginConfig). Or a
+    /// (a KubeSchedulerConfiguration profile: plugins, pluginConfig), preemption {enabled},
+    /// handoff {enabled, owners, marginSeconds, maxWaitSeconds}, degraded {intervalSeconds,
+    /// upgrade {enabled, afterSeconds}}. Or a
     /// KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1): the profile whose
     /// schedulerName is ours, clientConnection and leaderElection are read from it.
     #[arg(long, value_name = "FILE")]
@@ -95,6 +97,10 @@ struct File {
     leader_election: LeaderElectionFile,
     /// `preemption: {enabled: false}` turns preemption off.
     preemption: Option<PreemptionFile>,
+    /// The handoff wait (`dra_engine::handoff`).
+    handoff: Option<HandoffFile>,
+    /// Degraded-pod reporting and the optional upgrade.
+    degraded: Option<DegradedFile>,
     scoring: Option<ScoringFile>,
     /// A KubeSchedulerConfiguration profile (`plugins`, `pluginConfig`), merged onto the
     /// default profile as kube-scheduler merges it.
@@ -105,6 +111,141 @@ struct File {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct PreemptionFile {
     enabled: bool,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct HandoffFile {
+    enabled: Option<bool>,
+    /// `same` or `any`.
+    owners: Option<String>,
+    margin_seconds: Option<f64>,
+    max_wait_seconds: Option<f64>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct DegradedFile {
+    interval_seconds: Option<f64>,
+    #[serde(default)]
+    upgrade: UpgradeFile,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct UpgradeFile {
+    enabled: Option<bool>,
+    after_seconds: Option<f64>,
+}
+
+/// The handoff wait: a pod placed on a lower-ranked `firstAvailable` subrequest waits for
+/// the better device a terminating pod holds (`dra_engine::handoff`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Handoff {
+    pub enabled: bool,
+    /// Whose terminating pods are waited for.
+    pub owners: dra_engine::Owners,
+    /// Added to the holder's remaining grace period: the time for its claim to be released
+    /// once it is gone.
+    pub margin: std::time::Duration,
+    /// The most a pod waits, whatever the holder's grace period.
+    pub max_wait: std::time::Duration,
+}
+
+impl Default for Handoff {
+    fn default() -> Self {
+        Handoff {
+            enabled: true,
+            owners: dra_engine::Owners::Same,
+            margin: std::time::Duration::from_secs(10),
+            max_wait: std::time::Duration::from_secs(60),
+        }
+    }
+}
+
+/// Degraded pods: how often bound pods are checked, and the optional upgrade.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Degraded {
+    pub interval: std::time::Duration,
+    /// Evict a degraded pod (one per owner at a time, through the Eviction API, so
+    /// PodDisruptionBudgets hold) once it has been degraded this long; off when `None`.
+    pub upgrade_after: Option<std::time::Duration>,
+}
+
+impl Default for Degraded {
+    fn default() -> Self {
+        Degraded {
+            interval: std::time::Duration::from_secs(10),
+            upgrade_after: None,
+        }
+    }
+}
+
+/// Seconds from the file, checked to lie in `range`.
+fn seconds(
+    name: &str,
+    value: Option<f64>,
+    default: std::time::Duration,
+    range: std::ops::RangeInclusive<f64>,
+) -> Result<std::time::Duration, String> {
+    match value {
+        None => Ok(default),
+        Some(v) if range.contains(&v) => Ok(std::time::Duration::from_secs_f64(v)),
+        Some(v) => Err(format!(
+            "{name} {v}: must be between {} and {}",
+            range.start(),
+            range.end()
+        )),
+    }
+}
+
+fn handoff(file: Option<HandoffFile>) -> Result<Handoff, String> {
+    let file = file.unwrap_or_default();
+    let default = Handoff::default();
+    Ok(Handoff {
+        enabled: file.enabled.unwrap_or(true),
+        owners: match file.owners.as_deref() {
+            None | Some("same") => dra_engine::Owners::Same,
+            Some("any") => dra_engine::Owners::Any,
+            Some(other) => return Err(format!("handoff.owners {other:?}: must be same or any")),
+        },
+        margin: seconds(
+            "handoff.marginSeconds",
+            file.margin_seconds,
+            default.margin,
+            0.0..=600.0,
+        )?,
+        max_wait: seconds(
+            "handoff.maxWaitSeconds",
+            file.max_wait_seconds,
+            default.max_wait,
+            0.0..=3600.0,
+        )?,
+    })
+}
+
+fn degraded(file: Option<DegradedFile>) -> Result<Degraded, String> {
+    let file = file.unwrap_or_default();
+    let default = Degraded::default();
+    let upgrade_after = seconds(
+        "degraded.upgrade.afterSeconds",
+        file.upgrade.after_seconds,
+        std::time::Duration::from_secs(300),
+        0.0..=86400.0,
+    )?;
+    Ok(Degraded {
+        interval: seconds(
+            "degraded.intervalSeconds",
+            file.interval_seconds,
+            default.interval,
+            1.0..=3600.0,
+        )?,
+        upgrade_after: file
+            .upgrade
+            .enabled
+            .unwrap_or(false)
+            .then_some(upgrade_after),
+    })
 }
 
 /// Scoring weights; a criterion left out weighs 0.
@@ -245,6 +386,10 @@ pub struct Config {
     /// PostFilter preemption (on unless `preemption: {enabled: false}`, or the profile
     /// disables DefaultPreemption).
     pub preemption: bool,
+    /// `handoff:`: the wait for a better device a terminating pod holds.
+    pub handoff: Handoff,
+    /// `degraded:`: reporting pods on a worse device than is free, and the upgrade.
+    pub degraded: Degraded,
 }
 
 impl Config {
@@ -352,6 +497,8 @@ impl Config {
             leader_election,
             filter_timeout: std::time::Duration::from_secs_f64(filter_timeout),
             preemption: file.preemption.is_none_or(|p| p.enabled),
+            handoff: handoff(file.handoff)?,
+            degraded: degraded(file.degraded)?,
         })
     }
 }

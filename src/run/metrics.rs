@@ -45,6 +45,18 @@ pub struct Metrics {
     pub leader: IntGauge,
     /// Pods preempted (deletions started) to make room for pods of higher priority.
     pub preemptions: prometheus::IntCounter,
+    /// Handoff waits by outcome: `handed_off` (placed on the better device), `expired`
+    /// (the bound passed; placed on the best device then), `lost` (placed on a worse one
+    /// before the bound: the device went elsewhere), `abandoned` (the pod went away).
+    pub handoff_waits: IntCounterVec,
+    /// Pods waiting for a device a terminating pod holds.
+    pub handoff_waiting: IntGauge,
+    /// Bound pods on a lower-ranked subrequest while a better device is free, by
+    /// namespace and owner (`Deployment/name`, ...).
+    pub degraded_pods: IntGaugeVec,
+    /// Evictions of degraded pods for an upgrade, by result (`evicted`, `blocked` by a
+    /// PodDisruptionBudget, `error`).
+    pub upgrade_evictions: IntCounterVec,
     /// `clientQPS`/`clientBurst`: every write waits for a token first.
     throttle: Option<super::throttle::Throttle>,
     /// Every write asks it first: a replica that may no longer lead writes nothing.
@@ -102,7 +114,7 @@ impl Metrics {
         let attempts = HistogramVec::new(
             HistogramOpts::new(
                 "scheduling_attempt_duration_seconds",
-                "Scheduling attempt duration by result (scheduled, unschedulable, error): the whole cycle, every node",
+                "Scheduling attempt duration by result (scheduled, unschedulable, error, waiting: placed but waiting for a better device a terminating pod holds): the whole cycle, every node",
             )
             .buckets(buckets::cycle()),
             &["result"],
@@ -161,6 +173,38 @@ impl Metrics {
             "Pods preempted to make room for pods of higher priority",
         )?;
         registry.register(Box::new(preemptions.clone()))?;
+        let handoff_waits = IntCounterVec::new(
+            Opts::new(
+                "handoff_waits_total",
+                "Waits for a better device held by a terminating pod, by outcome (handed_off, expired, lost, abandoned)",
+            ),
+            &["outcome"],
+        )?;
+        let handoff_waiting = IntGauge::new(
+            "handoff_waiting_pods",
+            "Pods waiting for a better device held by a terminating pod",
+        )?;
+        let degraded_pods = IntGaugeVec::new(
+            Opts::new(
+                "degraded_pods",
+                "Bound pods on a lower-ranked firstAvailable subrequest while a device for a higher-ranked one is free, by namespace and owner",
+            ),
+            &["namespace", "owner"],
+        )?;
+        let upgrade_evictions = IntCounterVec::new(
+            Opts::new(
+                "upgrade_evictions_total",
+                "Evictions of degraded pods so that they are placed on the preferred device, by result (evicted, blocked, error)",
+            ),
+            &["result"],
+        )?;
+        for outcome in ["handed_off", "expired", "lost", "abandoned"] {
+            handoff_waits.with_label_values(&[outcome]);
+        }
+        registry.register(Box::new(handoff_waits.clone()))?;
+        registry.register(Box::new(handoff_waiting.clone()))?;
+        registry.register(Box::new(degraded_pods.clone()))?;
+        registry.register(Box::new(upgrade_evictions.clone()))?;
         registry.register(Box::new(dra_telemetry::build_info(
             "build_info",
             env!("CARGO_PKG_VERSION"),
@@ -191,6 +235,10 @@ impl Metrics {
             api_errors,
             leader,
             preemptions,
+            handoff_waits,
+            handoff_waiting,
+            degraded_pods,
+            upgrade_evictions,
             throttle: None,
             fence: Arc::new(super::leader::Fence::open()),
         })

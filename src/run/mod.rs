@@ -14,7 +14,9 @@
 pub mod apis;
 pub mod binder;
 pub mod config;
+mod degraded;
 mod groups;
+mod handoff;
 pub mod health;
 pub mod kube_config;
 pub mod leader;
@@ -236,34 +238,64 @@ async fn report(
         ),
         Err(message) => (EventType::Warning, "FailedScheduling", message.clone()),
     };
+    let condition = outcome.is_err().then(|| {
+        serde_json::json!({
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": note,
+        })
+    });
+    notify(
+        &metrics,
+        &recorder,
+        &reference,
+        (type_, reason, "Scheduling", note),
+    )
+    .await;
+    if let Some(condition) = condition {
+        set_condition(client, &metrics, &pod, condition).await;
+    }
+}
+
+/// Publish an event about a pod: its type, reason, action and note.
+async fn notify(
+    metrics: &Metrics,
+    recorder: &Recorder,
+    reference: &ObjectReference,
+    (type_, reason, action, note): (EventType, &str, &str, String),
+) {
     let event = KubeEvent {
         type_,
         reason: reason.into(),
-        note: Some(note.clone()),
-        action: "Scheduling".into(),
+        note: Some(note),
+        action: action.into(),
         secondary: None,
     };
     if let Err(e) = metrics
-        .write_unthrottled("create", "events", recorder.publish(&event, &reference))
+        .write_unthrottled("create", "events", recorder.publish(&event, reference))
         .await
     {
-        tracing::warn!(%pod, error = %e, "could not publish event");
+        tracing::warn!(pod = ?reference.name, error = %e, "could not publish event");
     }
-    if outcome.is_err() {
-        let pods: Api<Pod> = Api::namespaced(client, &pod.namespace);
-        let patch = serde_json::json!({"status": {"conditions": [{
-            "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": note,
-        }]}});
-        if let Err(e) = metrics
-            .write(
-                "patch",
-                "pods/status",
-                pods.patch_status(&pod.name, &PatchParams::default(), &Patch::Strategic(patch)),
-            )
-            .await
-        {
-            tracing::debug!(%pod, error = %e, "could not update the PodScheduled condition");
-        }
+}
+
+/// Write one condition of the pod's status (a strategic merge by type).
+async fn set_condition(
+    client: Client,
+    metrics: &Metrics,
+    pod: &ObjectKey,
+    condition: serde_json::Value,
+) {
+    let pods: Api<Pod> = Api::namespaced(client, &pod.namespace);
+    let kind = condition["type"].as_str().unwrap_or_default().to_string();
+    let patch = serde_json::json!({"status": {"conditions": [condition]}});
+    if let Err(e) = metrics
+        .write(
+            "patch",
+            "pods/status",
+            pods.patch_status(&pod.name, &PatchParams::default(), &Patch::Strategic(patch)),
+        )
+        .await
+    {
+        tracing::debug!(%pod, error = %e, condition = %kind, "could not update the pod's condition");
     }
 }
 
@@ -285,6 +317,28 @@ impl Tell {
             self.recorder.clone(),
         );
         tokio::spawn(report(client, metrics, recorder, pod, uid, Ok(node)));
+    }
+
+    /// An event about the pod, and a condition of its status when given.
+    fn note(
+        &self,
+        pod: ObjectKey,
+        uid: Option<String>,
+        event: (EventType, &'static str, &'static str, String),
+        condition: Option<serde_json::Value>,
+    ) {
+        let (client, metrics, recorder) = (
+            self.client.clone(),
+            self.metrics.clone(),
+            self.recorder.clone(),
+        );
+        tokio::spawn(async move {
+            let reference = pod_reference(&pod, uid.as_deref());
+            notify(&metrics, &recorder, &reference, event).await;
+            if let Some(condition) = condition {
+                set_condition(client, &metrics, &pod, condition).await;
+            }
+        });
     }
 
     fn failed(&mut self, pod: ObjectKey, uid: Option<String>, message: String) {
@@ -366,6 +420,9 @@ struct Attempt {
     preemption: Option<Result<Preemption, String>>,
     /// The same for a PodGroup that cannot be placed.
     group_preemption: Option<Result<GroupPreemption, String>>,
+    /// For a pod placed on a lower-ranked subrequest: the better device a terminating pod
+    /// holds, to wait for instead.
+    handoff: Option<dra_engine::Handoff>,
 }
 
 /// What a preemption search needs besides the engine, shared with the worker.
@@ -385,13 +442,24 @@ fn run_attempt(
     work: Work,
     cancel: Arc<AtomicBool>,
     inputs: Option<PreemptionInputs>,
+    owners: Option<dra_engine::Owners>,
 ) -> Attempt {
     let started = Instant::now();
     let budget = engine.config().filter_timeout;
     let first_try = FIRST_TRY.min(budget);
     let outcome = decide(&mut engine, &work, first_try, &cancel);
-    let (mut preemption, mut group_preemption) = (None, None);
+    let (mut preemption, mut group_preemption, mut handoff) = (None, None, None);
     match (&work, &outcome, inputs) {
+        (Work::Pod(key), Outcome::Pod(Decision::Scheduled(placement)), _) => {
+            if let Some(owners) = owners {
+                handoff = guarded(
+                    &mut engine,
+                    key,
+                    |engine| engine.handoff(placement, owners, first_try),
+                    |_| None,
+                );
+            }
+        }
         (Work::Pod(key), Outcome::Pod(Decision::Unschedulable { .. }), Some(inputs)) => {
             preemption = Some(preempt(&mut engine, key, first_try, &inputs));
         }
@@ -430,6 +498,7 @@ fn run_attempt(
         fork,
         preemption,
         group_preemption,
+        handoff,
     }
 }
 
@@ -676,6 +745,11 @@ struct Daemon {
     /// PodDisruptionBudgets, for preemption; `preemption` says whether it is on.
     budgets: Budgets,
     preemption: bool,
+    /// Pods waiting for a better device a terminating pod holds.
+    handoffs: handoff::Waits,
+    /// Degraded pods, the round that looks for them, and upgrades.
+    degraded: degraded::DegradedPods,
+    degraded_round: Option<Running<Vec<dra_engine::Degradation>>>,
     scheduler_name: String,
     user: Tell,
     informers: Informers,
@@ -729,6 +803,9 @@ impl Daemon {
             group_waits: HashMap::new(),
             budgets: Budgets::default(),
             preemption: config.preemption,
+            handoffs: handoff::Waits::new(config.handoff.clone()),
+            degraded: degraded::DegradedPods::new(config.degraded.clone()),
+            degraded_round: None,
             scheduler_name: config.scheduler_name.clone(),
             informers: Informers::default(),
             leading: false,
@@ -759,6 +836,10 @@ impl Daemon {
                 }
                 finished = joined(&mut self.long), if self.long.is_some() && self.engine.is_some() => {
                     self.on_long_search_finished(finished)?;
+                    None
+                }
+                found = joined(&mut self.degraded_round), if self.degraded_round.is_some() => {
+                    self.on_degraded_round(found);
                     None
                 }
                 change = leadership_change(&mut events.leader) => self.on_leadership(change)?,
@@ -831,6 +912,12 @@ impl Daemon {
             });
         } else if self.leading {
             match (attempt.work, attempt.outcome) {
+                (Work::Pod(key), Outcome::Pod(Decision::Scheduled(placement)))
+                    if attempt.handoff.is_some() =>
+                {
+                    let handoff = attempt.handoff.expect("checked");
+                    self.wait_for_handoff(key, placement, handoff, attempt.elapsed);
+                }
                 (Work::Pod(key), Outcome::Pod(decision)) => {
                     self.decided(key, decision, attempt.elapsed, attempt.preemption)
                 }
@@ -885,6 +972,13 @@ impl Daemon {
         let now = Instant::now();
         self.queue.flush_backoff(now);
         self.queue.flush_unschedulable(now);
+        for pod in self.handoffs.due(now) {
+            tracing::info!(%pod, "handoff wait bound passed: placing the pod on the best device free now");
+            self.queue.pod_updated(&pod);
+        }
+        if self.leading {
+            self.start_degraded_round(now);
+        }
         // A claim that has not appeared for a while is worth telling the user about.
         if let Some(engine) = self.engine.as_ref() {
             for pod in self.queue.overdue_gated(now, GATED_REPORT_AFTER) {
@@ -927,8 +1021,15 @@ impl Daemon {
                     pdbs: self.budgets.all(),
                     groups: self.groups.all(),
                 });
+                let owners = match &work {
+                    Work::Pod(key) => {
+                        self.handoffs
+                            .owners_for(key, engine.state().pods.get(key), now)
+                    }
+                    Work::Group { .. } => None,
+                };
                 self.running = Some(Running::spawn(move |cancel| {
-                    run_attempt(engine, work, cancel, inputs)
+                    run_attempt(engine, work, cancel, inputs, owners)
                 }));
             }
             None => self.engine = Some(engine),
@@ -1030,6 +1131,14 @@ impl Daemon {
 
     /// Assume the placement and start writing it.
     fn scheduled(&mut self, key: ObjectKey, placement: Placement, attempt_seconds: f64) {
+        if let Some(outcome) = self.handoffs.placed(&placement, Instant::now()) {
+            tracing::info!(pod = %key, outcome, "handoff wait ended");
+            self.metrics
+                .handoff_waits
+                .with_label_values(&[outcome])
+                .inc();
+            self.metrics.handoff_waiting.set(self.handoffs.len() as i64);
+        }
         if placement.claims.iter().any(|c| c.allocation.is_some()) {
             self.metrics
                 .allocation_latency
@@ -1076,6 +1185,187 @@ impl Daemon {
             self.release_claim(pod.clone(), claim, uid.clone());
         }
         self.user.failed(pod, uid, message);
+    }
+
+    /// The pod's placement takes a worse device than a terminating pod holds: it waits
+    /// for that device (parked as unschedulable; the holder's release retries it), telling
+    /// the user once what it waits for.
+    fn wait_for_handoff(
+        &mut self,
+        key: ObjectKey,
+        placement: Placement,
+        handoff: dra_engine::Handoff,
+        elapsed: f64,
+    ) {
+        let now = Instant::now();
+        self.metrics
+            .attempts
+            .with_label_values(&["waiting"])
+            .observe(elapsed);
+        if let Some(started) =
+            self.handoffs
+                .wait(&handoff, now, k8s_openapi::jiff::Timestamp::now())
+        {
+            tracing::info!(pod = %key, instead_of = %placement.node, reason = %started.message, "pod waits for a better device");
+            self.user.note(
+                key.clone(),
+                placement.pod_uid.clone(),
+                (
+                    EventType::Normal,
+                    "WaitingForDevice",
+                    "Scheduling",
+                    started.message,
+                ),
+                None,
+            );
+        }
+        self.metrics.handoff_waiting.set(self.handoffs.len() as i64);
+        self.queue
+            .unschedulable(&key, now, BTreeSet::from(["DynamicResources"]));
+    }
+
+    /// Every `degraded.intervalSeconds`: upgrades that are due, then a search for degraded
+    /// pods on a fork of the engine (on a thread of its own).
+    fn start_degraded_round(&mut self, now: Instant) {
+        if self.degraded_round.is_some() {
+            return;
+        }
+        let Some(engine) = self.engine.as_ref() else {
+            return;
+        };
+        let abandoned = self.handoffs.forget(|k| {
+            engine
+                .state()
+                .pods
+                .get(k)
+                .is_some_and(|p| dra_engine::state::bound_node(p).is_none())
+        });
+        if abandoned > 0 {
+            self.metrics
+                .handoff_waits
+                .with_label_values(&["abandoned"])
+                .inc_by(abandoned as u64);
+            self.metrics.handoff_waiting.set(self.handoffs.len() as i64);
+        }
+        if !self.degraded.round_due(now) {
+            return;
+        }
+        self.upgrade(now);
+        let engine = here(&mut self.engine);
+        if !engine.may_have_degraded() && !self.degraded.any() {
+            return;
+        }
+        let fork = engine.fork();
+        self.degraded_round = Some(Running::spawn(move |_| fork.degraded(FIRST_TRY)));
+    }
+
+    /// Evict the degraded pods whose upgrade is due.
+    fn upgrade(&mut self, now: Instant) {
+        let engine = here(&mut self.engine);
+        let state = engine.state();
+        let terminating = |k: &ObjectKey| {
+            state
+                .pods
+                .get(k)
+                .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
+        };
+        let busy = |namespace: &str, owner: &str| {
+            state.pods.iter().any(|(k, p)| {
+                k.namespace == namespace
+                    && dra_engine::state::bound_node(p).is_none()
+                    && dra_engine::handoff::owner_of(p, state).as_deref() == Some(owner)
+            })
+        };
+        for upgrade in self.degraded.upgrades(now, terminating, busy) {
+            tracing::info!(pod = %upgrade.pod, owner = %upgrade.owner, reason = %upgrade.message, "evicting a degraded pod for an upgrade");
+            let (client, metrics) = (self.client.clone(), self.metrics.clone());
+            self.user.note(
+                upgrade.pod.clone(),
+                upgrade.uid.clone(),
+                (
+                    EventType::Normal,
+                    "UpgradeEviction",
+                    "Evicting",
+                    upgrade.message.clone(),
+                ),
+                None,
+            );
+            tokio::spawn(async move {
+                let result =
+                    binder::evict(&client, &metrics, &upgrade.pod, upgrade.uid.as_deref()).await;
+                metrics.upgrade_evictions.with_label_values(&[result]).inc();
+            });
+        }
+    }
+
+    /// A round's findings: events, conditions and the gauge.
+    fn on_degraded_round(
+        &mut self,
+        found: Result<Vec<dra_engine::Degradation>, tokio::task::JoinError>,
+    ) {
+        self.degraded_round = None;
+        let found = match found {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::error!(error = %e, "the search for degraded pods failed");
+                return;
+            }
+        };
+        let pods: HashSet<ObjectKey> = match self.engine.as_ref() {
+            Some(engine) => engine.state().pods.keys().cloned().collect(),
+            None => found.iter().map(|d| d.pod.clone()).collect(),
+        };
+        for note in self
+            .degraded
+            .found(found, |k| pods.contains(k), Instant::now())
+        {
+            self.tell_degraded(note);
+        }
+        self.metrics.degraded_pods.reset();
+        for ((namespace, owner), n) in self.degraded.counts() {
+            self.metrics
+                .degraded_pods
+                .with_label_values(&[&namespace, &owner])
+                .set(n);
+        }
+    }
+
+    fn tell_degraded(&self, note: degraded::Note) {
+        let condition = |status: &str, reason: &str, message: &str| {
+            serde_json::json!({
+                "type": degraded::CONDITION, "status": status, "reason": reason,
+                "message": message,
+                "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+            })
+        };
+        match note {
+            degraded::Note::Degraded { pod, uid, message } => {
+                tracing::info!(%pod, reason = %message, "pod is degraded");
+                let c = condition("False", "LowerRankedDevice", &message);
+                self.user.note(
+                    pod,
+                    uid,
+                    (EventType::Warning, "DegradedDevice", "Scheduling", message),
+                    Some(c),
+                );
+            }
+            degraded::Note::Restored { pod, uid } => {
+                let message = "no device of a higher-ranked subrequest is free for this pod";
+                tracing::info!(%pod, "pod is no longer degraded");
+                let c = condition("True", "NoBetterDeviceFree", message);
+                self.user.note(
+                    pod,
+                    uid,
+                    (
+                        EventType::Normal,
+                        "PreferredDevice",
+                        "Scheduling",
+                        message.to_string(),
+                    ),
+                    Some(c),
+                );
+            }
+        }
     }
 
     /// The unschedulable pod's message with what preemption did for it: the pods it

@@ -119,6 +119,9 @@ The scheduler's config file (config.yaml). Keys are exactly those `dra-scheduler
 {{- if and .Values.config.scoring .Values.config.profile }}
 {{- fail "config.scoring and config.profile: set the weights in one of them" }}
 {{- end }}
+{{- if not (has .Values.config.handoff.owners (list "same" "any")) }}
+{{- fail (printf "config.handoff.owners must be same or any, not %q" .Values.config.handoff.owners) }}
+{{- end }}
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
 {{- fail "replicaCount > 1 needs leaderElection.enabled: replicas without a leader would schedule the same pods twice" }}
 {{- end -}}
@@ -133,6 +136,16 @@ clientBurst: {{ int .Values.config.clientBurst }}
 filterTimeoutSeconds: {{ .Values.config.filterTimeoutSeconds }}
 preemption:
   enabled: {{ .Values.config.preemption.enabled }}
+handoff:
+  enabled: {{ .Values.config.handoff.enabled }}
+  owners: {{ .Values.config.handoff.owners }}
+  marginSeconds: {{ .Values.config.handoff.marginSeconds }}
+  maxWaitSeconds: {{ .Values.config.handoff.maxWaitSeconds }}
+degraded:
+  intervalSeconds: {{ .Values.config.degraded.intervalSeconds }}
+  upgrade:
+    enabled: {{ .Values.config.degraded.upgrade.enabled }}
+    afterSeconds: {{ .Values.config.degraded.upgrade.afterSeconds }}
 {{- with .Values.config.scoring }}
 scoring:
   {{- toYaml . | nindent 2 }}

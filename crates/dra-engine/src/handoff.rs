@@ -287,26 +287,28 @@ impl Engine {
                     && (owners == Owners::Any || owner_of(p, state) == owner)
             })
             .collect();
+        let held_claims: Vec<(&ObjectKey, Vec<(ObjectKey, ResourceClaim)>)> = holders
+            .iter()
+            .map(|(key, holder)| (*key, own_claims(state, holder)))
+            .filter(|(_, claims)| !claims.is_empty())
+            .collect();
+        if held_claims.is_empty() {
+            return None;
+        }
+        // Only now the copy of the state: most placements stop at one of the checks above.
         let mut held: BTreeMap<String, ObjectKey> = BTreeMap::new();
         let mut fork = self.fork();
-        for (key, holder) in &holders {
-            let claims = own_claims(state, holder);
-            if claims.is_empty() {
-                continue;
-            }
+        for (key, claims) in held_claims {
             fork.remove_pod(key);
             for (_, claim) in claims {
                 for device in claims::allocation(&claim)
                     .into_iter()
                     .flat_map(device_names)
                 {
-                    held.insert(device, (*key).clone());
+                    held.insert(device, key.clone());
                 }
                 fork.upsert_claim(released(claim));
             }
-        }
-        if held.is_empty() {
-            return None;
         }
         let Decision::Scheduled(better) = fork.schedule_within(&placement.pod, budget, None) else {
             return None;
