@@ -42,7 +42,8 @@ struct SimulateArgs {
     #[arg(long, default_value = "dra-scheduler")]
     scheduler_name: String,
     /// The daemon's config file (its own YAML or a KubeSchedulerConfiguration): simulate
-    /// with the same profile, percentageOfNodesToScore and filter timeout.
+    /// with the same profile, percentageOfNodesToScore, filter timeout, preemption and
+    /// handoff wait.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Schedule every pending pod, whatever its schedulerName.
@@ -100,6 +101,11 @@ fn run_simulate(args: SimulateArgs) -> ExitCode {
                 options.filter_timeout = c.filter_timeout;
                 // The file can turn preemption off; --no-preemption always does.
                 options.preemption &= c.preemption;
+                options.handoff = c.handoff.enabled.then_some(simulate::handoff::Config {
+                    owners: c.handoff.owners,
+                    margin: c.handoff.margin,
+                    max_wait: c.handoff.max_wait,
+                });
             }
             Err(e) => {
                 eprintln!("error: {e}");

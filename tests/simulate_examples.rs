@@ -644,3 +644,85 @@ fn the_config_files_preemption_switch_and_a_disruption_budget_are_read() {
     assert_eq!(plain.0["preemptions"][0]["pdbViolations"], 0);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+impl Report {
+    /// `driver/pool/device (request)` of each allocated device.
+    fn devices_for_requests(&self, claim: &str) -> Vec<String> {
+        let devices = self.devices(claim).into_iter();
+        devices
+            .zip(self.result_requests(claim))
+            .map(|(device, request)| format!("{device} ({request})"))
+            .collect()
+    }
+}
+
+#[test]
+fn rollout_handoff_the_replacement_waits_for_the_a5000_its_terminating_predecessor_holds() {
+    let r = simulate(&["examples/rollout-handoff"]);
+    assert_eq!(r.node("default/web-new"), Some("gpu-node-1"));
+    assert_eq!(
+        r.devices_for_requests("default/web-new-gpu"),
+        ["gpu.nvidia.com/gpu-node-1/gpu-0 (gpu/a5000)"]
+    );
+    assert_eq!(
+        r.message("default/web-new"),
+        "waited for device gpu.nvidia.com/gpu-node-1/gpu-0 (claim default/web-new-gpu request \
+         gpu: a5000 instead of t10) held by terminating pod default/web-old, up to 40s (30s of \
+         grace period left plus the 10s margin, at most maxWaitSeconds 60s)"
+    );
+    // The old pod finished terminating: it is gone and its claim deallocated.
+    assert_eq!(r.node("default/web-old"), None);
+    assert!(r.devices("default/web-old-gpu").is_empty());
+    assert!(r.reserved_for("default/web-old-gpu").is_empty());
+    let handoffs = r.0["handoffs"].as_array().unwrap();
+    assert_eq!(handoffs.len(), 1);
+    assert_eq!(handoffs[0]["name"], "web-new");
+    assert_eq!(handoffs[0]["holders"][0]["name"], "web-old");
+    assert_eq!(
+        handoffs[0]["holders"][0]["deletionTimestamp"],
+        "2026-03-02T10:00:30Z"
+    );
+    assert_eq!(handoffs[0]["upgrades"][0]["from"], "t10");
+    assert_eq!(handoffs[0]["upgrades"][0]["to"], "a5000");
+    assert_eq!(handoffs[0]["waitSeconds"], 40.0);
+    let out = run(&["simulate", "examples/rollout-handoff"]);
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        table.contains("default/web-old  TERMINATING  terminating: default/web-new waited"),
+        "{table}"
+    );
+}
+
+/// `simulate --config` with the daemon's config `yaml` (in a file named after `test`).
+fn simulate_with_config(test: &str, yaml: &str, paths: &[&str]) -> Report {
+    let file = std::env::temp_dir().join(format!("{test}-{}.yaml", std::process::id()));
+    std::fs::write(&file, yaml).unwrap();
+    let mut args = vec!["--config", file.to_str().unwrap()];
+    args.extend_from_slice(paths);
+    let report = simulate(&args);
+    std::fs::remove_file(&file).unwrap();
+    report
+}
+
+#[test]
+fn rollout_handoff_with_the_wait_off_in_the_config_takes_a_t10_at_once() {
+    let r = simulate_with_config(
+        "handoff-off",
+        "handoff: {enabled: false}\n",
+        &["examples/rollout-handoff"],
+    );
+    assert_eq!(r.node("default/web-new"), Some("gpu-node-1"));
+    assert_eq!(
+        r.devices_for_requests("default/web-new-gpu"),
+        ["gpu.nvidia.com/gpu-node-1/gpu-1 (gpu/t10)"]
+    );
+    assert!(r.pod("default/web-new")["message"].is_null());
+    assert!(r.0.get("handoffs").is_none());
+    // The old pod still terminates on the A5000.
+    assert_eq!(r.node("default/web-old"), Some("gpu-node-1"));
+    assert_eq!(r.message("default/web-old"), "terminating on gpu-node-1");
+    assert_eq!(
+        r.devices("default/web-old-gpu"),
+        ["gpu.nvidia.com/gpu-node-1/gpu-0"]
+    );
+}

@@ -14,8 +14,15 @@
 //! lists each preemption and marks its victims as evicted. Evicted pods are not scheduled
 //! again (in a cluster their controllers would make new ones). PodDisruptionBudgets in the
 //! manifests are respected where possible, as in the cluster; PodGroups do not preempt.
+//!
+//! The handoff wait (on unless the daemon's `--config` turns it off, or the pod opts out): a
+//! pod placed on a lower-ranked `firstAvailable` subrequest while a terminating pod of its
+//! owner holds a better device waits for it, the holder finishes and the pod takes that
+//! device ([`handoff`]). Pods being deleted (`metadata.deletionTimestamp`) are never
+//! scheduled; the report marks them as terminating.
 
 pub mod expand;
+pub mod handoff;
 pub mod limits;
 pub mod manifests;
 pub mod report;
@@ -29,6 +36,7 @@ use dra_engine::group::pod_group_name;
 use dra_engine::{
     ClusterInput, Decision, Engine, EngineConfig, GroupDecision, ObjectKey, Preemption, Profile,
 };
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::scheduling::v1beta1::{PodGroup, Workload};
 
 /// What to simulate and how to report it.
@@ -42,6 +50,8 @@ pub struct Options {
     pub filter_timeout: std::time::Duration,
     /// Evict pods of lower priority for a pod that fits nowhere (`--no-preemption`: off).
     pub preemption: bool,
+    /// The handoff wait, as the daemon's `handoff:` config sets it; `None`: off.
+    pub handoff: Option<handoff::Config>,
 }
 
 impl Default for Options {
@@ -54,6 +64,7 @@ impl Default for Options {
             percentage_of_nodes_to_score: engine.percentage_of_nodes_to_score,
             filter_timeout: engine.filter_timeout,
             preemption: engine.preemption,
+            handoff: Some(handoff::Config::default()),
         }
     }
 }
@@ -76,6 +87,8 @@ pub struct Simulation {
     pub groups: Vec<GroupOutcome>,
     /// The preemptions made, in order: each pod placed by evicting others.
     pub preemptions: Vec<Preemption>,
+    /// The handoff waits, in order: each pod placed on devices terminating pods held.
+    pub handoffs: Vec<handoff::Waited>,
 }
 
 /// The scheduling objects of `scheduling.k8s.io/v1beta1` in the manifests.
@@ -161,14 +174,17 @@ pub fn simulate_groups(options: &Options, input: ClusterInput, groups: Groups) -
         ..Default::default()
     };
     let mut engine = Engine::new(config, input);
-    let queue = engine.pending_pods(
+    let mut queue = engine.pending_pods(
         &|k| position.get(k).copied().unwrap_or(usize::MAX),
         options.all_schedulers,
     );
+    // A pod being deleted is not scheduled (kube-scheduler skips it too).
+    queue.retain(|k| !engine.state().pods.get(k).is_some_and(terminating));
     let mut decisions: HashMap<ObjectKey, Decision> = HashMap::new();
     let mut claim_order = claim_order;
     let mut group_outcomes = Vec::new();
     let mut preemptions = Vec::new();
+    let mut handoffs = Vec::new();
     for key in &queue {
         if decisions.contains_key(key) {
             continue;
@@ -191,6 +207,14 @@ pub fn simulate_groups(options: &Options, input: ClusterInput, groups: Groups) -
         }
         let key = key.clone();
         let mut decision = engine.schedule(&key);
+        if let Decision::Scheduled(placement) = &decision
+            && let Some(config) = &options.handoff
+            && let Some((waited, placed)) =
+                handoff::wait_for_holders(&mut engine, config, placement)
+        {
+            decision = placed;
+            handoffs.push(waited);
+        }
         if let Decision::Unschedulable { message, .. } = &mut decision
             && options.preemption
         {
@@ -225,7 +249,13 @@ pub fn simulate_groups(options: &Options, input: ClusterInput, groups: Groups) -
         claim_order,
         groups: group_outcomes,
         preemptions,
+        handoffs,
     }
+}
+
+/// Whether the pod is being deleted (`metadata.deletionTimestamp`).
+pub fn terminating(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
 }
 
 /// PostFilter for a pod that fits nowhere: a preemption, or why none helps. `None` when

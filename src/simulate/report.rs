@@ -1,12 +1,17 @@
 //! The two report formats of `simulate`: a table for a terminal and a JSON document for
 //! tools (its schema is fixed: `pods[]` and `claims[]`; `groups[]`, one entry per PodGroup
 //! with pending members, is added only when there are any; so is `preemptions[]`, one
-//! entry per pod placed by evicting others, with its victims).
+//! entry per pod placed by evicting others, with its victims, and `handoffs[]`, one entry
+//! per pod that waited for devices terminating pods held).
 
 use serde::Serialize;
 use serde_json::Value;
 
-use super::Simulation;
+use std::collections::HashMap;
+
+use super::handoff::Waited;
+use super::{Simulation, terminating};
+use dra_engine::ObjectKey;
 use dra_engine::state::bound_node;
 
 #[derive(Serialize)]
@@ -18,6 +23,9 @@ struct PodReport {
     /// Evicted by a preemption (the table says so in place of PENDING).
     #[serde(skip)]
     evicted: bool,
+    /// Being deleted: never scheduled (the table says so in place of the node).
+    #[serde(skip)]
+    terminating: bool,
 }
 
 #[derive(Serialize)]
@@ -81,6 +89,75 @@ struct PreemptionReport {
 }
 
 #[derive(Serialize)]
+struct UpgradeReport {
+    /// `namespace/name`.
+    claim: String,
+    request: String,
+    /// The subrequest the pod would have had, and the one it got by waiting.
+    from: String,
+    to: String,
+}
+
+#[derive(Serialize)]
+struct HolderReport {
+    namespace: String,
+    name: String,
+    #[serde(rename = "deletionTimestamp")]
+    deletion_timestamp: Option<String>,
+}
+
+#[derive(Serialize)]
+struct HandoffReport {
+    /// The pod that waited.
+    namespace: String,
+    name: String,
+    /// Where the devices it waited for are.
+    node: String,
+    /// `driver/pool/device`.
+    devices: Vec<String>,
+    upgrades: Vec<UpgradeReport>,
+    /// The terminating pods that held the devices.
+    holders: Vec<HolderReport>,
+    /// The most the live scheduler would wait.
+    #[serde(rename = "waitSeconds")]
+    wait_seconds: f64,
+    message: String,
+}
+
+impl HandoffReport {
+    fn of(waited: &Waited) -> Self {
+        let h = &waited.handoff;
+        HandoffReport {
+            namespace: h.pod.namespace.clone(),
+            name: h.pod.name.clone(),
+            node: h.node.clone(),
+            devices: h.devices.clone(),
+            upgrades: h
+                .upgrades
+                .iter()
+                .map(|u| UpgradeReport {
+                    claim: u.claim.to_string(),
+                    request: u.request.clone(),
+                    from: u.from.clone(),
+                    to: u.to.clone(),
+                })
+                .collect(),
+            holders: h
+                .holders
+                .iter()
+                .map(|holder| HolderReport {
+                    namespace: holder.pod.namespace.clone(),
+                    name: holder.pod.name.clone(),
+                    deletion_timestamp: holder.deletion.as_ref().map(|t| t.0.to_string()),
+                })
+                .collect(),
+            wait_seconds: waited.bound.as_secs_f64(),
+            message: waited.message(),
+        }
+    }
+}
+
+#[derive(Serialize)]
 struct Report {
     pods: Vec<PodReport>,
     claims: Vec<ClaimReport>,
@@ -88,6 +165,8 @@ struct Report {
     groups: Vec<GroupReport>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     preemptions: Vec<PreemptionReport>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    handoffs: Vec<HandoffReport>,
 }
 
 fn report(sim: &Simulation) -> Report {
@@ -114,15 +193,23 @@ fn report(sim: &Simulation) -> Report {
             );
         }
     }
+    let (waited, handed_off) = handoff_messages(sim);
     let pods = sim
         .pods
         .iter()
         .map(|(key, decision)| {
             let pod = state.pods.get(key);
             let node = pod.and_then(bound_node).map(str::to_string);
+            let is_terminating = handed_off.contains_key(key) || pod.is_some_and(terminating);
             let message = match decision {
                 _ if evicted.contains_key(key) => evicted.get(key).cloned(),
+                _ if handed_off.contains_key(key) => handed_off.get(key).cloned(),
+                _ if is_terminating => Some(match &node {
+                    Some(node) => format!("terminating on {node}"),
+                    None => "terminating (metadata.deletionTimestamp is set): not scheduled".into(),
+                }),
                 Some(_) if preempted.contains_key(key) => preempted.get(key).cloned(),
+                Some(_) if waited.contains_key(key) => waited.get(key).cloned(),
                 Some(d) => d.message().map(str::to_string),
                 None if node.is_none() => {
                     let theirs = pod
@@ -140,6 +227,7 @@ fn report(sim: &Simulation) -> Report {
                 node,
                 message,
                 evicted: evicted.contains_key(key),
+                terminating: is_terminating,
             }
         })
         .collect();
@@ -208,16 +296,39 @@ fn report(sim: &Simulation) -> Report {
         claims,
         groups,
         preemptions,
+        handoffs: sim.handoffs.iter().map(HandoffReport::of).collect(),
     }
+}
+
+/// What the report says of each pod that waited for a handoff, and of each terminating pod
+/// it waited for.
+fn handoff_messages(
+    sim: &Simulation,
+) -> (HashMap<&ObjectKey, String>, HashMap<&ObjectKey, String>) {
+    let mut waited = HashMap::new();
+    let mut handed_off = HashMap::new();
+    for w in &sim.handoffs {
+        waited.insert(&w.handoff.pod, w.message());
+        for h in &w.handoff.holders {
+            let message = format!(
+                "terminating: {} waited for its devices and took them once it was gone",
+                w.handoff.pod
+            );
+            handed_off.insert(&h.pod, message);
+        }
+    }
+    (waited, handed_off)
 }
 
 pub fn json(sim: &Simulation) -> String {
     serde_json::to_string_pretty(&report(sim)).expect("the report serializes")
 }
 
-/// The node, else why there is none: PENDING, or EVICTED by a preemption.
+/// The node, else why there is none: PENDING, or EVICTED by a preemption; TERMINATING for a
+/// pod being deleted, wherever it is.
 fn node_or_state(p: &PodReport) -> &str {
     match &p.node {
+        _ if p.terminating => "TERMINATING",
         Some(node) => node,
         None if p.evicted => "EVICTED",
         None => "PENDING",
