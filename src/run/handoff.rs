@@ -26,7 +26,14 @@ struct Wait {
     wanted: Vec<(ObjectKey, String, String)>,
     /// Retried once the deadline passed.
     retried: bool,
+    /// The holders' claims (claim, holder): still awaited after their holder is gone,
+    /// until they are released.
+    releasing: Vec<(ObjectKey, ObjectKey)>,
 }
+
+/// What a pod's placement is checked against: whose terminating pods, and the claims of
+/// holders it already waits for.
+pub type Check = (Owners, Vec<(ObjectKey, ObjectKey)>);
 
 /// The pods waiting for a handoff.
 #[derive(Debug, Default)]
@@ -48,9 +55,10 @@ impl Waits {
         }
     }
 
-    /// Whose terminating pods this pod's placement is checked against; `None` when the
-    /// wait is off, the pod opts out, or its wait has run out.
-    pub fn owners_for(&self, key: &ObjectKey, pod: Option<&Pod>, now: Instant) -> Option<Owners> {
+    /// Whose terminating pods this pod's placement is checked against (and the claims its
+    /// wait already awaits); `None` when the wait is off, the pod opts out, or its wait has
+    /// run out.
+    pub fn check_for(&self, key: &ObjectKey, pod: Option<&Pod>, now: Instant) -> Option<Check> {
         if !self.config.enabled {
             return None;
         }
@@ -58,8 +66,10 @@ impl Waits {
             .and_then(|p| p.metadata.annotations.as_ref())
             .and_then(|a| a.get(HANDOFF_ANNOTATION))
             .is_some_and(|v| v.eq_ignore_ascii_case("false"));
-        let expired = self.waits.get(key).is_some_and(|w| now >= w.deadline);
-        (!opted_out && !expired).then_some(self.config.owners)
+        let wait = self.waits.get(key);
+        let expired = wait.is_some_and(|w| now >= w.deadline);
+        let releasing = wait.map(|w| w.releasing.clone()).unwrap_or_default();
+        (!opted_out && !expired).then_some((self.config.owners, releasing))
     }
 
     /// How long to wait from now: the longest remaining grace period of the holders plus
@@ -101,7 +111,13 @@ impl Waits {
             what: String::new(),
             wanted,
             retried: false,
+            releasing: Vec::new(),
         });
+        for claim in &handoff.claims {
+            if !wait.releasing.contains(claim) {
+                wait.releasing.push(claim.clone());
+            }
+        }
         if wait.what == what {
             return None;
         }
@@ -186,6 +202,10 @@ mod tests {
                     k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t.parse().unwrap())
                 }),
             }],
+            claims: vec![(
+                ObjectKey::new("ml", "web-old-gpu"),
+                ObjectKey::new("ml", "web-old"),
+            )],
         }
     }
 
@@ -229,16 +249,19 @@ mod tests {
              period left plus 10s, at most 60s); the pod takes the best device free then"
         );
         assert!(waits.wait(&h, now, wall("2026-12-01T10:00:01Z")).is_none());
-        assert_eq!(waits.owners_for(&key, None, now), Some(Owners::Same));
+        let old_claim = (
+            ObjectKey::new("ml", "web-old-gpu"),
+            ObjectKey::new("ml", "web-old"),
+        );
+        assert_eq!(
+            waits.check_for(&key, None, now),
+            Some((Owners::Same, vec![old_claim]))
+        );
         assert!(waits.due(now + Duration::from_secs(14)).is_empty());
         let later = now + Duration::from_secs(15);
         assert_eq!(waits.due(later), std::slice::from_ref(&key));
         assert!(waits.due(later).is_empty(), "retried once");
-        assert_eq!(
-            waits.owners_for(&key, None, later),
-            None,
-            "the bound passed"
-        );
+        assert_eq!(waits.check_for(&key, None, later), None, "the bound passed");
     }
 
     #[test]
@@ -249,15 +272,15 @@ mod tests {
         .unwrap();
         let now = Instant::now();
         let on = Waits::new(config::Handoff::default());
-        assert_eq!(on.owners_for(&key, Some(&pod), now), None);
+        assert_eq!(on.check_for(&key, Some(&pod), now), None);
         assert_eq!(
-            on.owners_for(&key, Some(&Pod::default()), now),
-            Some(Owners::Same)
+            on.check_for(&key, Some(&Pod::default()), now),
+            Some((Owners::Same, vec![]))
         );
         let off = Waits::new(config::Handoff {
             enabled: false,
             ..Default::default()
         });
-        assert_eq!(off.owners_for(&key, Some(&Pod::default()), now), None);
+        assert_eq!(off.check_for(&key, Some(&Pod::default()), now), None);
     }
 }

@@ -442,7 +442,7 @@ fn run_attempt(
     work: Work,
     cancel: Arc<AtomicBool>,
     inputs: Option<PreemptionInputs>,
-    owners: Option<dra_engine::Owners>,
+    check: Option<handoff::Check>,
 ) -> Attempt {
     let started = Instant::now();
     let budget = engine.config().filter_timeout;
@@ -451,11 +451,11 @@ fn run_attempt(
     let (mut preemption, mut group_preemption, mut handoff) = (None, None, None);
     match (&work, &outcome, inputs) {
         (Work::Pod(key), Outcome::Pod(Decision::Scheduled(placement)), _) => {
-            if let Some(owners) = owners {
+            if let Some((owners, releasing)) = check {
                 handoff = guarded(
                     &mut engine,
                     key,
-                    |engine| engine.handoff(placement, owners, first_try),
+                    |engine| engine.handoff_with(placement, owners, first_try, &releasing),
                     |_| None,
                 );
             }
@@ -750,6 +750,8 @@ struct Daemon {
     /// Degraded pods, the round that looks for them, and upgrades.
     degraded: degraded::DegradedPods,
     degraded_round: Option<Running<Vec<dra_engine::Degradation>>>,
+    /// Namespaces and owners the degraded gauge has had.
+    degraded_owners: BTreeSet<(String, String)>,
     scheduler_name: String,
     user: Tell,
     informers: Informers,
@@ -806,6 +808,7 @@ impl Daemon {
             handoffs: handoff::Waits::new(config.handoff.clone()),
             degraded: degraded::DegradedPods::new(config.degraded.clone()),
             degraded_round: None,
+            degraded_owners: BTreeSet::new(),
             scheduler_name: config.scheduler_name.clone(),
             informers: Informers::default(),
             leading: false,
@@ -1021,15 +1024,15 @@ impl Daemon {
                     pdbs: self.budgets.all(),
                     groups: self.groups.all(),
                 });
-                let owners = match &work {
+                let check = match &work {
                     Work::Pod(key) => {
                         self.handoffs
-                            .owners_for(key, engine.state().pods.get(key), now)
+                            .check_for(key, engine.state().pods.get(key), now)
                     }
                     Work::Group { .. } => None,
                 };
                 self.running = Some(Running::spawn(move |cancel| {
-                    run_attempt(engine, work, cancel, inputs, owners)
+                    run_attempt(engine, work, cancel, inputs, check)
                 }));
             }
             None => self.engine = Some(engine),
@@ -1321,12 +1324,23 @@ impl Daemon {
         {
             self.tell_degraded(note);
         }
-        self.metrics.degraded_pods.reset();
-        for ((namespace, owner), n) in self.degraded.counts() {
+        // An owner seen degraded before reads 0 (not absent) once it no longer is.
+        let counts = self.degraded.counts();
+        for (namespace, owner) in self
+            .degraded_owners
+            .difference(&counts.keys().cloned().collect())
+        {
+            self.metrics
+                .degraded_pods
+                .with_label_values(&[namespace, owner])
+                .set(0);
+        }
+        for ((namespace, owner), n) in counts {
             self.metrics
                 .degraded_pods
                 .with_label_values(&[&namespace, &owner])
                 .set(n);
+            self.degraded_owners.insert((namespace, owner));
         }
     }
 

@@ -82,6 +82,10 @@ pub struct Handoff {
     /// The held devices it would get, `driver/pool/device`.
     pub devices: Vec<String>,
     pub holders: Vec<Holder>,
+    /// The holders' claims whose devices it would get, with their holders: once a holder
+    /// is gone, its claim still holds the devices until kube-controller-manager releases
+    /// it; pass them to [`Engine::handoff_with`] to go on waiting meanwhile.
+    pub claims: Vec<(ObjectKey, ObjectKey)>,
 }
 
 impl Handoff {
@@ -267,6 +271,19 @@ impl Engine {
         owners: Owners,
         budget: Duration,
     ) -> Option<Handoff> {
+        self.handoff_with(placement, owners, budget, &[])
+    }
+
+    /// [`Engine::handoff`] where the `releasing` claims (claim, holder) of an earlier
+    /// [`Handoff`] also count as held by a finishing holder while their holder is gone but
+    /// they still hold devices.
+    pub fn handoff_with(
+        &self,
+        placement: &Placement,
+        owners: Owners,
+        budget: Duration,
+        releasing: &[(ObjectKey, ObjectKey)],
+    ) -> Option<Handoff> {
         let now = placement_choices(placement);
         if now.iter().all(|c| c.rank == 0) {
             return None;
@@ -287,25 +304,34 @@ impl Engine {
                     && (owners == Owners::Any || owner_of(p, state) == owner)
             })
             .collect();
-        let held_claims: Vec<(&ObjectKey, Vec<(ObjectKey, ResourceClaim)>)> = holders
+        let mut held_claims: Vec<(&ObjectKey, Vec<(ObjectKey, ResourceClaim)>)> = holders
             .iter()
             .map(|(key, holder)| (*key, own_claims(state, holder)))
             .filter(|(_, claims)| !claims.is_empty())
             .collect();
+        for (claim_key, holder) in releasing {
+            let left_behind = state
+                .claims
+                .get(claim_key)
+                .filter(|c| claims::allocation(c).is_some() && !state.pods.contains_key(holder));
+            if let Some(claim) = left_behind {
+                held_claims.push((holder, vec![(claim_key.clone(), claim.clone())]));
+            }
+        }
         if held_claims.is_empty() {
             return None;
         }
         // Only now the copy of the state: most placements stop at one of the checks above.
-        let mut held: BTreeMap<String, ObjectKey> = BTreeMap::new();
+        let mut held: BTreeMap<String, (ObjectKey, ObjectKey)> = BTreeMap::new();
         let mut fork = self.fork();
         for (key, claims) in held_claims {
             fork.remove_pod(key);
-            for (_, claim) in claims {
+            for (claim_key, claim) in claims {
                 for device in claims::allocation(&claim)
                     .into_iter()
                     .flat_map(device_names)
                 {
-                    held.insert(device, key.clone());
+                    held.insert(device, (claim_key.clone(), key.clone()));
                 }
                 fork.upsert_claim(released(claim));
             }
@@ -321,7 +347,8 @@ impl Engine {
             .flat_map(device_names)
             .filter(|d| held.contains_key(d))
             .collect();
-        let from: BTreeSet<&ObjectKey> = devices.iter().map(|d| &held[d]).collect();
+        let used: BTreeSet<&(ObjectKey, ObjectKey)> = devices.iter().map(|d| &held[d]).collect();
+        let from: BTreeSet<&ObjectKey> = used.iter().map(|(_, holder)| holder).collect();
         if from.is_empty() {
             return None;
         }
@@ -333,9 +360,13 @@ impl Engine {
                 .into_iter()
                 .map(|key| Holder {
                     pod: key.clone(),
-                    deletion: state.pods[key].metadata.deletion_timestamp.clone(),
+                    deletion: state
+                        .pods
+                        .get(key)
+                        .and_then(|p| p.metadata.deletion_timestamp.clone()),
                 })
                 .collect(),
+            claims: used.into_iter().cloned().collect(),
             devices,
         })
     }

@@ -167,6 +167,34 @@ fn the_replacement_waits_for_the_a5000_its_terminating_predecessor_holds() {
 }
 
 #[test]
+fn a_holder_gone_whose_claim_is_not_released_yet_is_still_waited_for() {
+    let mut engine = rollout("web-1", true);
+    let placement = placed(&mut engine, "web-new");
+    let handoff = engine.handoff(&placement, Owners::Same, BUDGET).unwrap();
+    let old_claim = (ObjectKey::new("ml", "old-gpu"), ObjectKey::new("ml", "old"));
+    assert_eq!(handoff.claims, std::slice::from_ref(&old_claim));
+    // kubelet confirmed the old pod stopped; kube-controller-manager has not released its
+    // claim yet: the A5000 is still taken, and still coming.
+    engine.remove_pod(&ObjectKey::new("ml", "old"));
+    let placement = placed(&mut engine, "web-new");
+    assert_eq!(devices(&placement), [format!("{T10} (gpu/t10)")]);
+    assert!(engine.handoff(&placement, Owners::Same, BUDGET).is_none());
+    let again = engine
+        .handoff_with(
+            &placement,
+            Owners::Same,
+            BUDGET,
+            std::slice::from_ref(&old_claim),
+        )
+        .expect("still waiting for the claim's release");
+    assert_eq!(again.devices, [A5000]);
+    // Released: the pod gets the A5000 itself.
+    engine.remove_claim(&old_claim.0);
+    let placement = placed(&mut engine, "web-new");
+    assert_eq!(devices(&placement), [format!("{A5000} (gpu/a5000)")]);
+}
+
+#[test]
 fn a_terminating_pod_of_another_owner_is_waited_for_only_when_any_owner_is_configured() {
     let mut engine = rollout("other-1", true);
     let placement = placed(&mut engine, "web-new");
