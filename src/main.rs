@@ -101,11 +101,7 @@ fn run_simulate(args: SimulateArgs) -> ExitCode {
                 options.filter_timeout = c.filter_timeout;
                 // The file can turn preemption off; --no-preemption always does.
                 options.preemption &= c.preemption;
-                options.handoff = c.handoff.enabled.then_some(simulate::handoff::Config {
-                    owners: c.handoff.owners,
-                    margin: c.handoff.margin,
-                    max_wait: c.handoff.max_wait,
-                });
+                options.handoff = c.handoff.enabled.then(|| c.handoff.clone());
             }
             Err(e) => {
                 eprintln!("error: {e}");

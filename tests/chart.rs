@@ -192,7 +192,7 @@ fn lint_and_render() {
             "clientBurst": 200,
             "filterTimeoutSeconds": 10,
             "preemption": {"enabled": true},
-            "handoff": {"enabled": true, "owners": "same", "marginSeconds": 10, "maxWaitSeconds": 60},
+            "handoff": {"enabled": true, "owners": "same", "marginSeconds": 30, "maxWaitSeconds": 60},
             "degraded": {"intervalSeconds": 10, "upgrade": {"enabled": false, "afterSeconds": 300}},
             "leaderElection": {
                 "leaderElect": true,
@@ -521,7 +521,7 @@ fn values_change_what_is_rendered() {
     );
     assert_eq!(
         cfg["handoff"],
-        json!({"enabled": true, "owners": "any", "marginSeconds": 10, "maxWaitSeconds": 20})
+        json!({"enabled": true, "owners": "any", "marginSeconds": 30, "maxWaitSeconds": 20})
     );
     assert!(
         template_error(&["config.handoff.owners=mine"])

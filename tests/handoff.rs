@@ -6,8 +6,9 @@
 //!   gets the A5000 once the old pod is gone; kube-scheduler 1.37's gets the T10;
 //! - an old pod that does not finish: the replacement takes the T10 when the bound passes;
 //! - the opt-out annotation: the T10 at once; the pod is then degraded (gauge 1, condition
-//!   `dra-scheduler.io/PreferredDevice=False`) until the upgrade evicts it and its
-//!   replacement gets the A5000 (gauge 0).
+//!   `dra-scheduler.io/PreferredDevice=False`); a PodDisruptionBudget refuses the upgrade's
+//!   eviction; without it the upgrade evicts the pod and its replacement gets the A5000
+//!   (gauge 0).
 //!
 //! These control planes have no kubelet: a deleted pod bound to a node stays Terminating
 //! until its kubelet confirms it stopped. The tests confirm it (a delete with grace period
@@ -324,6 +325,28 @@ async fn an_opted_out_pod_takes_the_t10_is_degraded_and_the_upgrade_moves_it_to_
             .any(|e| e.starts_with("WaitingForDevice"))
     );
 
+    // A PodDisruptionBudget that allows no disruption (the test cluster runs no disruption
+    // controller, so it never allows one) holds the upgrade back until it is deleted. The
+    // Eviction API ignores budgets for Pending pods: the pod is reported Running, as its
+    // kubelet would.
+    kubectl_ok(
+        &cluster,
+        &[
+            "patch",
+            "pod",
+            &second,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status": {"phase": "Running"}}"#,
+        ],
+    );
+    kubectl_apply_text(
+        &cluster,
+        "pdb",
+        b"apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: web}\nspec:\n  minAvailable: 1\n  selector: {matchLabels: {app: web}}\n",
+    );
+
     // The old pod goes: the A5000 is free, the pod on the T10 is degraded.
     r.confirm_stopped(&first).await;
     let gauge = "dra_scheduler_degraded_pods{namespace=\"default\",owner=\"Deployment/web\"}";
@@ -349,7 +372,22 @@ async fn an_opted_out_pod_takes_the_t10_is_degraded_and_the_upgrade_moves_it_to_
         "{message}"
     );
 
-    // The upgrade evicts it (3 s later); its replacement gets the A5000, the gauge reads 0.
+    // The budget refuses the upgrade's eviction; the pod stays.
+    eventually("the budget to refuse an eviction", 30, || async {
+        let text = scrape(&daemon.metrics).await?;
+        let blocked = "dra_scheduler_upgrade_evictions_total{result=\"blocked\"}";
+        (metric_line(&text, blocked) >= 1.0).then_some(())
+    })
+    .await;
+    let kept = r.pods.get(&second).await.unwrap();
+    assert!(
+        kept.metadata.deletion_timestamp.is_none(),
+        "evicted despite the budget"
+    );
+    kubectl_ok(&cluster, &["delete", "poddisruptionbudget", "web"]);
+
+    // Without it, the upgrade evicts the pod; its replacement gets the A5000, the gauge
+    // reads 0.
     eventually("the upgrade to evict the degraded pod", 30, || async {
         let pod = r.pods.get(&second).await.ok()?;
         pod.metadata.deletion_timestamp.is_some().then_some(())

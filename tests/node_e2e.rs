@@ -13,7 +13,12 @@
 //! - faults, each followed by a check that no claim, device, CDI spec or checkpoint entry is
 //!   lost or doubled: kubelet SIGKILLed and restarted while pods run, the agent pod killed,
 //!   the scheduler leader pod killed, containerd restarted;
-//! - `/metrics` of the in-cluster leader (through `kubectl port-forward`) counts allocations.
+//! - `/metrics` of the in-cluster leader (through `kubectl port-forward`) counts allocations;
+//! - the seed's rollout gotcha (issue #18), with kubelet terminating the old pods: the
+//!   replacement of a `kubectl rollout restart` waits for the A5000 and gets it; opted out,
+//!   it takes the T10, is reported degraded (gauge, condition) and the upgrade moves it to
+//!   the A5000; kube-scheduler's replacement gets the T10; an old pod that ignores SIGTERM
+//!   for 600 s is waited for until the bound, then the replacement takes the T10.
 //!
 //! What the test cluster lacks that a user's cluster has, the test supplies, and says so:
 //! - a pod network: a CNI `bridge` network (Debian's containernetworking-plugins) on a bridge
@@ -849,6 +854,12 @@ fn end_to_end(full: bool) {
         .args(["-n", "kube-system"])
         .args(["--set", "nodeAgent.backend=fake"])
         .args(["--set", &format!("nodeAgent.fakeProfile={PROFILE}")])
+        // The rollout checks: a 45 s bound on the handoff wait, degraded pods looked for
+        // every 2 s and upgraded after 5 s (off by default).
+        .args(["--set", "config.handoff.maxWaitSeconds=45"])
+        .args(["--set", "config.degraded.intervalSeconds=2"])
+        .args(["--set", "config.degraded.upgrade.enabled=true"])
+        .args(["--set", "config.degraded.upgrade.afterSeconds=5"])
         .args([
             "--set",
             &format!(
@@ -1198,5 +1209,194 @@ fn end_to_end(full: bool) {
         .unwrap_or_default();
     println!("/metrics of {new_leader} (kubectl port-forward): {line}; {allocations}");
     assert!(count >= 1.0, "{line}");
+    step("metrics");
+
+    rollouts(&e2e, &product, &scrape);
     step("done");
+}
+
+/// The seed's rollout gotcha on the real node, with kubelet terminating the old pods: the
+/// Deployment (one replica, "an A5000, else a T10"; the old pod deleted first, as
+/// `maxSurge: 0` does) rolled by `kubectl rollout restart` and by template changes.
+/// dra-scheduler's replacement waits for the A5000 and gets it; with the opt-out
+/// annotation it takes the T10 at once, is reported degraded once the A5000 is free, and
+/// the upgrade moves it back; kube-scheduler's replacement gets the T10; an old pod that
+/// does not finish (a 600 s grace period, a container that ignores SIGTERM) is waited for
+/// until the bound (45 s here), then the replacement takes the T10.
+fn rollouts(e2e: &E2e<'_>, product: &dyn Fn(&str) -> String, scrape: &dyn Fn() -> String) {
+    let kube = &e2e.kube;
+    let patch = |json: &str| {
+        kube.run(&["-n", NS, "patch", "deployment/inference", "-p", json]);
+    };
+    let events = |pod: &str, reason: &str| -> Vec<String> {
+        kube.items(&[
+            "-n",
+            NS,
+            "get",
+            "events",
+            "--field-selector",
+            &format!("involvedObject.name={pod},reason={reason}"),
+        ])
+        .iter()
+        .map(|e| {
+            e["message"]
+                .as_str()
+                .or(e["note"].as_str())
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect()
+    };
+    let gauge =
+        "dra_scheduler_degraded_pods{namespace=\"inference\",owner=\"Deployment/inference\"}";
+    let degraded = || -> Option<f64> {
+        scrape()
+            .lines()
+            .find(|l| l.starts_with(gauge))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    };
+    // The next pod of the rollout: Running on its device, not one of `old`.
+    let next = |what: &str, old: &[&str], seconds: u64| -> Placed {
+        wait(what, seconds, || {
+            let placed = e2e.placed(1)?;
+            (!old.contains(&placed[0].pod.as_str())).then(|| placed[0].clone())
+        })
+    };
+    let mut rows: Vec<(String, String, String)> = Vec::new();
+
+    e2e.scale(0);
+    wait("the pods and claims to go", 120, || {
+        (kube.items(&["-n", NS, "get", "pods"]).is_empty() && e2e.claims().is_empty()).then_some(())
+    });
+    patch(
+        r#"{"spec": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}}}"#,
+    );
+    e2e.scale(1);
+    let x = next("the rollout's first pod", &[], 120);
+    assert_eq!(product(&x.device), "NVIDIA RTX A5000", "{x:?}");
+
+    // 1. kubectl rollout restart: the replacement waits for the A5000 and gets it.
+    kube.run(&["-n", NS, "rollout", "restart", "deployment/inference"]);
+    let y = next("the restart's replacement", &[&x.pod], 120);
+    let waited = events(&y.pod, "WaitingForDevice");
+    println!(
+        "rollout restart: {} -> {} on {} ({}); {waited:?}",
+        x.pod,
+        y.pod,
+        y.device,
+        product(&y.device)
+    );
+    assert_eq!(product(&y.device), "NVIDIA RTX A5000", "{y:?}");
+    assert!(
+        waited
+            .iter()
+            .any(|m| m.contains(&format!("held by terminating pod {NS}/{}", x.pod))),
+        "the replacement got the A5000 without waiting for it: {waited:?}"
+    );
+    rows.push((
+        "dra-scheduler".into(),
+        "kubectl rollout restart".into(),
+        product(&y.device),
+    ));
+
+    // 2. Opted out (the template change rolls the Deployment): the T10 at once; degraded
+    // once the old pod is gone; the upgrade evicts it and its replacement gets the A5000.
+    patch(
+        r#"{"spec": {"template": {"metadata": {"annotations": {"dra-scheduler.io/handoff-wait": "false"}}}}}"#,
+    );
+    let z = next("the opted-out replacement", &[&y.pod], 120);
+    assert_eq!(product(&z.device), "NVIDIA T10", "{z:?}");
+    assert!(events(&z.pod, "WaitingForDevice").is_empty());
+    rows.push((
+        "dra-scheduler, opted out".into(),
+        "template change".into(),
+        product(&z.device),
+    ));
+    wait("the degraded gauge at 1", 60, || {
+        (degraded()? == 1.0).then_some(())
+    });
+    let condition = wait("the PreferredDevice condition", 30, || {
+        let pod = kube.json(&["-n", NS, "get", "pod", &z.pod]);
+        pod["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "dra-scheduler.io/PreferredDevice")
+            .cloned()
+    });
+    println!("degraded: {gauge} 1; {} condition {condition}", z.pod);
+    assert_eq!(condition["status"], "False");
+    let z2 = next("the upgrade's replacement", &[&z.pod], 120);
+    assert_eq!(product(&z2.device), "NVIDIA RTX A5000", "{z2:?}");
+    let evicted = events(&z.pod, "UpgradeEviction");
+    assert!(!evicted.is_empty(), "{} not evicted by the upgrade", z.pod);
+    wait("the degraded gauge at 0", 60, || {
+        (degraded()? == 0.0).then_some(())
+    });
+    println!(
+        "upgrade: {evicted:?}; {} on {}; {gauge} 0",
+        z2.pod, z2.device
+    );
+
+    // 3. The same rollout under kube-scheduler 1.37 (the template change hands the
+    // Deployment to it): the replacement gets the T10.
+    patch(
+        r#"{"spec": {"template": {"metadata": {"annotations": null}, "spec": {"schedulerName": "default-scheduler"}}}}"#,
+    );
+    let w = next("kube-scheduler's replacement", &[&z2.pod], 120);
+    assert_eq!(product(&w.device), "NVIDIA T10", "{w:?}");
+    rows.push((
+        "kube-scheduler v1.37.2".into(),
+        "template change".into(),
+        product(&w.device),
+    ));
+
+    // 4. Back to dra-scheduler, with pods that ignore SIGTERM for 600 s: the first gets
+    // the free A5000; its restart's replacement waits 45 s for it, then takes the T10.
+    patch(
+        r#"{"spec": {"template": {"spec": {"schedulerName": "dra-scheduler", "terminationGracePeriodSeconds": 600}}}}"#,
+    );
+    let v = next("a pod that ignores SIGTERM", &[&w.pod], 120);
+    assert_eq!(product(&v.device), "NVIDIA RTX A5000", "{v:?}");
+    let restarted = Instant::now();
+    kube.run(&["-n", NS, "rollout", "restart", "deployment/inference"]);
+    let v2 = next(
+        "the replacement of a pod that does not finish",
+        &[&v.pod],
+        120,
+    );
+    let after = restarted.elapsed();
+    assert_eq!(product(&v2.device), "NVIDIA T10", "{v2:?}");
+    assert!(
+        after >= Duration::from_secs(44),
+        "placed after {after:?}, before the bound"
+    );
+    let old = kube.json(&["-n", NS, "get", "pod", &v.pod]);
+    assert!(
+        !old["metadata"]["deletionTimestamp"].is_null(),
+        "{} finished",
+        v.pod
+    );
+    println!(
+        "bound: {} still terminating; {} on {} after {after:?}",
+        v.pod, v2.pod, v2.device
+    );
+    rows.push((
+        "dra-scheduler, old pod never finishes".into(),
+        "kubectl rollout restart".into(),
+        product(&v2.device),
+    ));
+    kube.run(&[
+        "-n",
+        NS,
+        "delete",
+        "pod",
+        &v.pod,
+        "--grace-period=0",
+        "--force",
+    ]);
+
+    println!("| scheduler | rollout | the replacement got |\n|---|---|---|");
+    for (scheduler, how, got) in rows {
+        println!("| {scheduler} | {how} | {got} |");
+    }
 }

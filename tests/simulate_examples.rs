@@ -667,8 +667,8 @@ fn rollout_handoff_the_replacement_waits_for_the_a5000_its_terminating_predecess
     assert_eq!(
         r.message("default/web-new"),
         "waited for device gpu.nvidia.com/gpu-node-1/gpu-0 (claim default/web-new-gpu request \
-         gpu: a5000 instead of t10) held by terminating pod default/web-old, up to 40s (30s of \
-         grace period left plus the 10s margin, at most maxWaitSeconds 60s)"
+         gpu: a5000 instead of t10) held by terminating pod default/web-old, up to 60s (30s of \
+         grace period left plus the 30s margin, at most maxWaitSeconds 60s)"
     );
     // The old pod finished terminating: it is gone and its claim deallocated.
     assert_eq!(r.node("default/web-old"), None);
@@ -684,7 +684,7 @@ fn rollout_handoff_the_replacement_waits_for_the_a5000_its_terminating_predecess
     );
     assert_eq!(handoffs[0]["upgrades"][0]["from"], "t10");
     assert_eq!(handoffs[0]["upgrades"][0]["to"], "a5000");
-    assert_eq!(handoffs[0]["waitSeconds"], 40.0);
+    assert_eq!(handoffs[0]["waitSeconds"], 60.0);
     let out = run(&["simulate", "examples/rollout-handoff"]);
     let table = String::from_utf8(out.stdout).unwrap();
     assert!(

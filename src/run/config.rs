@@ -157,7 +157,7 @@ impl Default for Handoff {
         Handoff {
             enabled: true,
             owners: dra_engine::Owners::Same,
-            margin: std::time::Duration::from_secs(10),
+            margin: std::time::Duration::from_secs(30),
             max_wait: std::time::Duration::from_secs(60),
         }
     }

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use dra_engine::handoff::{HANDOFF_ANNOTATION, choices};
+use dra_engine::handoff::choices;
 use dra_engine::{Handoff, ObjectKey, Owners, Placement};
 use k8s_openapi::api::core::v1::Pod;
 
@@ -62,10 +62,7 @@ impl Waits {
         if !self.config.enabled {
             return None;
         }
-        let opted_out = pod
-            .and_then(|p| p.metadata.annotations.as_ref())
-            .and_then(|a| a.get(HANDOFF_ANNOTATION))
-            .is_some_and(|v| v.eq_ignore_ascii_case("false"));
+        let opted_out = pod.is_some_and(dra_engine::handoff::opts_out);
         let wait = self.waits.get(key);
         let expired = wait.is_some_and(|w| now >= w.deadline);
         let releasing = wait.map(|w| w.releasing.clone()).unwrap_or_default();
@@ -209,13 +206,21 @@ mod tests {
         }
     }
 
+    /// The defaults, with a 10 s margin.
+    fn ten_second_margin() -> Waits {
+        Waits::new(config::Handoff {
+            margin: Duration::from_secs(10),
+            ..Default::default()
+        })
+    }
+
     fn wall(t: &str) -> k8s_openapi::jiff::Timestamp {
         t.parse().unwrap()
     }
 
     #[test]
     fn the_bound_is_the_holders_grace_left_plus_the_margin_at_most_the_cap() {
-        let waits = Waits::new(config::Handoff::default());
+        let waits = ten_second_margin();
         let h = handoff(Some("2026-12-01T10:00:30Z"));
         assert_eq!(
             waits.bound(&h, wall("2026-12-01T10:00:00Z")),
@@ -237,7 +242,7 @@ mod tests {
 
     #[test]
     fn a_wait_is_told_once_and_retried_once_when_its_bound_passes() {
-        let mut waits = Waits::new(config::Handoff::default());
+        let mut waits = ten_second_margin();
         let key = ObjectKey::new("ml", "web-new");
         let now = Instant::now();
         let h = handoff(Some("2026-12-01T10:00:05Z"));
@@ -268,7 +273,7 @@ mod tests {
     fn the_annotation_or_the_config_turns_the_wait_off() {
         let key = ObjectKey::new("ml", "web-new");
         let pod: Pod = serde_json::from_value(serde_json::json!({"metadata": {
-            "name": "web-new", "annotations": {HANDOFF_ANNOTATION: "false"}}}))
+            "name": "web-new", "annotations": {dra_engine::handoff::HANDOFF_ANNOTATION: "false"}}}))
         .unwrap();
         let now = Instant::now();
         let on = Waits::new(config::Handoff::default());

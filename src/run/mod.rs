@@ -387,7 +387,10 @@ async fn leadership_change(rx: &mut Option<signal::Receiver<bool>>) -> Option<bo
     }
 }
 
-async fn client_for(config: &Config) -> anyhow::Result<Client> {
+/// The API clients: the main one, with kube's retries of 429, 503 and 504 (backing off,
+/// as client-go does), and one without them for evictions, whose 429 is a
+/// PodDisruptionBudget's refusal to be tried again later, not the server's load.
+async fn clients_for(config: &Config) -> anyhow::Result<(Client, Client)> {
     let kube_config = match &config.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -399,7 +402,9 @@ async fn client_for(config: &Config) -> anyhow::Result<Client> {
             .await
             .context("no kubeconfig: not in a cluster, no KUBECONFIG, no ~/.kube/config")?,
     };
-    Ok(Client::try_from(kube_config)?)
+    let mut no_retry = kube_config.clone();
+    no_retry.default_retry = false;
+    Ok((Client::try_from(kube_config)?, Client::try_from(no_retry)?))
 }
 
 /// How long a pod's first try may search for devices. Almost every pod is decided well
@@ -633,7 +638,7 @@ enum Ending {
 
 /// Run the scheduler until SIGTERM or Ctrl-C.
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    let client = client_for(&config).await?;
+    let (client, eviction_client) = clients_for(&config).await?;
     let candidate = config
         .leader_election
         .as_ref()
@@ -643,6 +648,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .map_or_else(|| Arc::new(Fence::open()), Candidate::fence);
     let (done_tx, done_rx) = mpsc::unbounded_channel::<Done>();
     let mut daemon = Daemon::new(&config, client, fence, done_tx).await?;
+    daemon.eviction_client = Some(eviction_client);
     let served = discover_apis(&daemon.client).await?;
     tracing::info!("{}", served.describe());
     daemon.watched_kinds = watched_kinds(&served);
@@ -752,6 +758,8 @@ struct Daemon {
     degraded_round: Option<Running<Vec<dra_engine::Degradation>>>,
     /// Namespaces and owners the degraded gauge has had.
     degraded_owners: BTreeSet<(String, String)>,
+    /// The client for evictions (no retries of 429); the main one where none is set.
+    eviction_client: Option<Client>,
     scheduler_name: String,
     user: Tell,
     informers: Informers,
@@ -809,6 +817,7 @@ impl Daemon {
             degraded: degraded::DegradedPods::new(config.degraded.clone()),
             degraded_round: None,
             degraded_owners: BTreeSet::new(),
+            eviction_client: None,
             scheduler_name: config.scheduler_name.clone(),
             informers: Informers::default(),
             leading: false,
@@ -1281,7 +1290,8 @@ impl Daemon {
         };
         for upgrade in self.degraded.upgrades(now, terminating, busy) {
             tracing::info!(pod = %upgrade.pod, owner = %upgrade.owner, reason = %upgrade.message, "evicting a degraded pod for an upgrade");
-            let (client, metrics) = (self.client.clone(), self.metrics.clone());
+            let client = self.eviction_client.clone().unwrap_or(self.client.clone());
+            let metrics = self.metrics.clone();
             self.user.note(
                 upgrade.pod.clone(),
                 upgrade.uid.clone(),

@@ -14,33 +14,13 @@
 
 use std::time::Duration;
 
-use dra_engine::handoff::{HANDOFF_ANNOTATION, Handoff, Owners};
+use dra_engine::handoff::Handoff;
 use dra_engine::state::{ClusterState, bound_node};
 use dra_engine::{Decision, Engine, ObjectKey, Placement, Preemption, Victim, claims};
 use k8s_openapi::api::core::v1::Pod;
 
-/// The daemon's `handoff:` config (`owners`, `marginSeconds`, `maxWaitSeconds`) where it is
-/// enabled.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Config {
-    /// Whose terminating pods a pod waits for.
-    pub owners: Owners,
-    /// Added to the holders' grace period left: the time for their claims to be released.
-    pub margin: Duration,
-    /// The most a pod waits.
-    pub max_wait: Duration,
-}
-
-impl Default for Config {
-    /// The daemon's defaults.
-    fn default() -> Self {
-        Config {
-            owners: Owners::Same,
-            margin: Duration::from_secs(10),
-            max_wait: Duration::from_secs(60),
-        }
-    }
-}
+/// The daemon's `handoff:` config; simulate waits where it is enabled.
+pub type Config = crate::run::config::Handoff;
 
 /// A pod that waited for devices terminating pods held, and then took them.
 #[derive(Clone, Debug)]
@@ -64,15 +44,6 @@ impl Waited {
     }
 }
 
-/// Whether the pod opts out of the wait: `dra-scheduler.io/handoff-wait: "false"`.
-pub fn opts_out(pod: &Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(HANDOFF_ANNOTATION))
-        .is_some_and(|v| v.eq_ignore_ascii_case("false"))
-}
-
 /// For a pod's placement: when it would get a better device from terminating pods, the wait
 /// and the pod's decision once they are gone (they are removed and their claims released).
 /// `None`: the pod takes its placement.
@@ -81,7 +52,7 @@ pub fn wait_for_holders(
     config: &Config,
     placement: &Placement,
 ) -> Option<(Waited, Decision)> {
-    if opts_out(engine.state().pods.get(&placement.pod)?) {
+    if dra_engine::handoff::opts_out(engine.state().pods.get(&placement.pod)?) {
         return None;
     }
     let budget = engine.config().filter_timeout;
@@ -258,7 +229,7 @@ mod tests {
             waited.handoff.holders[0].pod,
             ObjectKey::new("default", "web-old")
         );
-        assert_eq!(waited.bound, Duration::from_secs(40));
+        assert_eq!(waited.bound, Duration::from_secs(60));
         // The holder is gone and its claim, reserved for nobody now, deallocated.
         let state = sim.engine.state();
         assert!(
@@ -275,7 +246,7 @@ mod tests {
             line(&table, "web-new").ends_with(
                 "gpu-node-1   waited for device gpu.nvidia.com/gpu-node-1/gpu-0 (claim \
                  default/web-new-gpu request gpu: a5000 instead of t10) held by terminating pod \
-                 default/web-old, up to 40s (30s of grace period left plus the 10s margin, at \
+                 default/web-old, up to 60s (30s of grace period left plus the 30s margin, at \
                  most maxWaitSeconds 60s)"
             ),
             "{table}"
@@ -293,7 +264,7 @@ mod tests {
         assert_eq!(handoff["devices"][0], "gpu.nvidia.com/gpu-node-1/gpu-0");
         assert_eq!(handoff["upgrades"][0]["to"], "a5000");
         assert_eq!(handoff["holders"][0]["name"], "web-old");
-        assert_eq!(handoff["waitSeconds"], 40.0);
+        assert_eq!(handoff["waitSeconds"], 60.0);
     }
 
     #[test]
@@ -314,8 +285,13 @@ mod tests {
     #[test]
     fn a_pod_annotated_handoff_wait_false_takes_a_t10_at_once() {
         let mut input = rollout();
-        pod(&mut input, "web-new").metadata.annotations =
-            Some([(HANDOFF_ANNOTATION.to_string(), "False".to_string())].into());
+        pod(&mut input, "web-new").metadata.annotations = Some(
+            [(
+                dra_engine::handoff::HANDOFF_ANNOTATION.to_string(),
+                "False".to_string(),
+            )]
+            .into(),
+        );
         let sim = run(input, Some(Config::default()));
         assert_eq!(devices(&sim, "web-new-gpu"), [T10]);
         assert!(sim.handoffs.is_empty());
@@ -340,7 +316,7 @@ mod tests {
         let mut input = rollout();
         other(&mut input);
         let any = Config {
-            owners: Owners::Any,
+            owners: dra_engine::Owners::Any,
             ..Default::default()
         };
         let sim = run(input, Some(any));
@@ -387,7 +363,10 @@ mod tests {
 
     #[test]
     fn the_bound_is_the_longest_grace_period_left_plus_the_margin_at_most_max_wait() {
-        let config = Config::default();
+        let config = Config {
+            margin: Duration::from_secs(10),
+            ..Default::default()
+        };
         let holder =
             |name: &str, grace: u64| (ObjectKey::new("ml", name), Some(Duration::from_secs(grace)));
         let (wait, reason) = bound(&[holder("a", 5), holder("b", 30)], &config);
@@ -403,19 +382,5 @@ mod tests {
             &config,
         );
         assert_eq!(wait, Duration::from_secs(60));
-    }
-
-    #[test]
-    fn the_defaults_are_the_daemons() {
-        let daemon = crate::run::config::Handoff::default();
-        assert!(daemon.enabled);
-        assert_eq!(
-            Config::default(),
-            Config {
-                owners: daemon.owners,
-                margin: daemon.margin,
-                max_wait: daemon.max_wait,
-            }
-        );
     }
 }

@@ -34,6 +34,15 @@ use crate::state::{ClusterState, ObjectKey, bound_node, is_terminal};
 /// device free now).
 pub const HANDOFF_ANNOTATION: &str = "dra-scheduler.io/handoff-wait";
 
+/// Whether the pod opts out of the wait: the annotation [`HANDOFF_ANNOTATION`] is `"false"`.
+pub fn opts_out(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(HANDOFF_ANNOTATION))
+        .is_some_and(|v| v.eq_ignore_ascii_case("false"))
+}
+
 /// Whose terminating pods a pod may wait for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Owners {
