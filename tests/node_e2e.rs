@@ -1263,6 +1263,16 @@ fn rollouts(e2e: &E2e<'_>, product: &dyn Fn(&str) -> String, scrape: &dyn Fn() -
         })
     };
     let mut rows: Vec<(String, String, String)> = Vec::new();
+    // What the leader said, for a failure's message.
+    let leader_log = || -> String {
+        let Some(leader) = e2e.lease_holder() else {
+            return "no leader".into();
+        };
+        let log = kube
+            .try_run(&["-n", "kube-system", "logs", &leader, "--tail=40"])
+            .unwrap_or_else(|e| e);
+        format!("last lines of {leader}:\n{log}")
+    };
 
     e2e.scale(0);
     wait("the pods and claims to go", 120, || {
@@ -1286,7 +1296,12 @@ fn rollouts(e2e: &E2e<'_>, product: &dyn Fn(&str) -> String, scrape: &dyn Fn() -
         y.device,
         product(&y.device)
     );
-    assert_eq!(product(&y.device), "NVIDIA RTX A5000", "{y:?}");
+    assert_eq!(
+        product(&y.device),
+        "NVIDIA RTX A5000",
+        "{y:?}\n{}",
+        leader_log()
+    );
     assert!(
         waited
             .iter()
@@ -1326,7 +1341,12 @@ fn rollouts(e2e: &E2e<'_>, product: &dyn Fn(&str) -> String, scrape: &dyn Fn() -
     println!("degraded: {gauge} 1; {} condition {condition}", z.pod);
     assert_eq!(condition["status"], "False");
     let z2 = next("the upgrade's replacement", &[&z.pod], 120);
-    assert_eq!(product(&z2.device), "NVIDIA RTX A5000", "{z2:?}");
+    assert_eq!(
+        product(&z2.device),
+        "NVIDIA RTX A5000",
+        "{z2:?}\n{}",
+        leader_log()
+    );
     let evicted = events(&z.pod, "UpgradeEviction");
     assert!(!evicted.is_empty(), "{} not evicted by the upgrade", z.pod);
     wait("the degraded gauge at 0", 60, || {
@@ -1349,13 +1369,26 @@ fn rollouts(e2e: &E2e<'_>, product: &dyn Fn(&str) -> String, scrape: &dyn Fn() -
         "template change".into(),
         product(&w.device),
     ));
+    // And `kubectl rollout restart` from the A5000: its next pod gets the free A5000, the
+    // restart's replacement the T10.
+    kube.run(&["-n", NS, "rollout", "restart", "deployment/inference"]);
+    let w2 = next("kube-scheduler's pod on the free A5000", &[&w.pod], 120);
+    assert_eq!(product(&w2.device), "NVIDIA RTX A5000", "{w2:?}");
+    kube.run(&["-n", NS, "rollout", "restart", "deployment/inference"]);
+    let w3 = next("kube-scheduler's restart replacement", &[&w2.pod], 120);
+    assert_eq!(product(&w3.device), "NVIDIA T10", "{w3:?}");
+    rows.push((
+        "kube-scheduler v1.37.2".into(),
+        "kubectl rollout restart".into(),
+        product(&w3.device),
+    ));
 
     // 4. Back to dra-scheduler, with pods that ignore SIGTERM for 600 s: the first gets
     // the free A5000; its restart's replacement waits 45 s for it, then takes the T10.
     patch(
         r#"{"spec": {"template": {"spec": {"schedulerName": "dra-scheduler", "terminationGracePeriodSeconds": 600}}}}"#,
     );
-    let v = next("a pod that ignores SIGTERM", &[&w.pod], 120);
+    let v = next("a pod that ignores SIGTERM", &[&w3.pod], 120);
     assert_eq!(product(&v.device), "NVIDIA RTX A5000", "{v:?}");
     let restarted = Instant::now();
     kube.run(&["-n", NS, "rollout", "restart", "deployment/inference"]);

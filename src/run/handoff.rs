@@ -70,14 +70,17 @@ impl Waits {
     }
 
     /// How long to wait from now: the longest remaining grace period of the holders plus
-    /// the margin, at most `maxWaitSeconds` (the most, for a holder without a deletion time).
+    /// the margin (the margin alone for a holder that has finished), at most
+    /// `maxWaitSeconds`.
     fn bound(&self, handoff: &Handoff, wall_now: k8s_openapi::jiff::Timestamp) -> Duration {
         let left = |h: &dra_engine::handoff::Holder| match &h.deletion {
             Some(t) => {
                 let secs = t.0.duration_since(wall_now).as_secs_f64().max(0.0);
                 Duration::from_secs_f64(secs) + self.config.margin
             }
-            None => self.config.max_wait,
+            // A holder that finished without being deleted (a terminal phase): its claim
+            // is released as soon as kube-controller-manager gets to it.
+            None => self.config.margin,
         };
         handoff
             .holders
@@ -236,7 +239,8 @@ mod tests {
         );
         assert_eq!(
             waits.bound(&handoff(None), wall("2026-12-01T10:00:00Z")),
-            Duration::from_secs(60)
+            Duration::from_secs(10),
+            "a holder that finished: the margin alone"
         );
     }
 

@@ -261,6 +261,24 @@ fn own_claims(state: &ClusterState, pod: &Pod) -> Vec<(ObjectKey, ResourceClaim)
         .collect()
 }
 
+/// The allocated claims a finishing pod leaves: reserved for it alone, or already for
+/// nobody (kube-controller-manager takes a finished pod out of `reservedFor` before it
+/// deletes or deallocates the claim).
+fn claims_left_by(state: &ClusterState, pod: &Pod) -> Vec<(ObjectKey, ResourceClaim)> {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let Ok(keys) = claims::of_pod(pod, state) else {
+        return Vec::new();
+    };
+    keys.into_iter()
+        .filter_map(|k| Some((k.clone(), state.claims.get(&k)?.clone())))
+        .filter(|(_, c)| {
+            claims::allocation(c).is_some()
+                && (claims::reserved_for(c).is_empty()
+                    || claims::reserved_only_for(c, name, pod.metadata.uid.as_deref()))
+        })
+        .collect()
+}
+
 /// The claim with its allocation and reservations taken away, as after the pod is gone.
 fn released(mut claim: ResourceClaim) -> ResourceClaim {
     if let Some(status) = claim.status.as_mut() {
@@ -307,15 +325,15 @@ impl Engine {
             .pods
             .iter()
             .filter(|(_, p)| {
-                p.metadata.deletion_timestamp.is_some()
+                // Terminating, or finished (kubelet reports the phase before the pod goes).
+                (p.metadata.deletion_timestamp.is_some() || is_terminal(p))
                     && bound_node(p).is_some()
-                    && !is_terminal(p)
                     && (owners == Owners::Any || owner_of(p, state) == owner)
             })
             .collect();
         let mut held_claims: Vec<(&ObjectKey, Vec<(ObjectKey, ResourceClaim)>)> = holders
             .iter()
-            .map(|(key, holder)| (*key, own_claims(state, holder)))
+            .map(|(key, holder)| (*key, claims_left_by(state, holder)))
             .filter(|(_, claims)| !claims.is_empty())
             .collect();
         for (claim_key, holder) in releasing {

@@ -195,6 +195,28 @@ fn a_holder_gone_whose_claim_is_not_released_yet_is_still_waited_for() {
 }
 
 #[test]
+fn a_finished_holder_whose_claim_is_reserved_for_nobody_is_still_waited_for() {
+    // kubelet reported the old pod finished and kube-controller-manager took it out of the
+    // claim's reservedFor; the claim still holds the A5000 until it is deleted.
+    let mut engine = rollout("web-1", true);
+    let old = ObjectKey::new("ml", "old");
+    let mut finished = engine.state().pods[&old].clone();
+    finished.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).unwrap());
+    engine.upsert_pod(finished);
+    let key = ObjectKey::new("ml", "old-gpu");
+    let mut claim = engine.state().claims[&key].clone();
+    claim.status.as_mut().unwrap().reserved_for = None;
+    engine.upsert_claim(claim);
+    let placement = placed(&mut engine, "web-new");
+    assert_eq!(devices(&placement), [format!("{T10} (gpu/t10)")]);
+    let handoff = engine
+        .handoff(&placement, Owners::Same, BUDGET)
+        .expect("a handoff");
+    assert_eq!(handoff.devices, [A5000]);
+    assert_eq!(handoff.holders[0].pod, old);
+}
+
+#[test]
 fn a_terminating_pod_of_another_owner_is_waited_for_only_when_any_owner_is_configured() {
     let mut engine = rollout("other-1", true);
     let placement = placed(&mut engine, "web-new");
