@@ -56,8 +56,15 @@ struct SimulateArgs {
     /// pod preempts them, as in the cluster, and the report lists who is evicted).
     #[arg(long)]
     no_preemption: bool,
+    /// Start from the live cluster's state (read through the kubeconfig; nothing is
+    /// written): its nodes, devices, pods and claims, with the manifests applied on top.
+    #[arg(long)]
+    from_cluster: bool,
+    /// The kubeconfig for --from-cluster (default: in-cluster, KUBECONFIG, ~/.kube/config).
+    #[arg(long, value_name = "FILE", requires = "from_cluster")]
+    kubeconfig: Option<PathBuf>,
     /// Manifest files and directories (YAML or JSON, several documents a file).
-    #[arg(required = true)]
+    #[arg(required_unless_present = "from_cluster")]
     paths: Vec<PathBuf>,
 }
 
@@ -73,8 +80,29 @@ fn main() -> ExitCode {
     }
 }
 
+/// The cluster's objects for `--from-cluster`, else none.
+fn starting_state(args: &SimulateArgs) -> anyhow::Result<simulate::manifests::Manifests> {
+    if !args.from_cluster {
+        return Ok(Default::default());
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let client = simulate::live::client(args.kubeconfig.as_deref()).await?;
+        simulate::live::read(&client).await
+    })
+}
+
 fn run_simulate(args: SimulateArgs) -> ExitCode {
-    let (input, groups) = match simulate::load_all(&args.paths) {
+    let cluster = match starting_state(&args) {
+        Ok(cluster) => cluster,
+        Err(e) => {
+            eprintln!("error: reading the cluster: {e:#}");
+            return ExitCode::from(1);
+        }
+    };
+    let (input, groups) = match simulate::load_onto(cluster, &args.paths) {
         Ok(loaded) => loaded,
         Err(e) => {
             eprintln!("error: {e}");

@@ -387,21 +387,26 @@ async fn leadership_change(rx: &mut Option<signal::Receiver<bool>>) -> Option<bo
     }
 }
 
-/// The API clients: the main one, with kube's retries of 429, 503 and 504 (backing off,
-/// as client-go does), and one without them for evictions, whose 429 is a
-/// PodDisruptionBudget's refusal to be tried again later, not the server's load.
-async fn clients_for(config: &Config) -> anyhow::Result<(Client, Client)> {
-    let kube_config = match &config.kubeconfig {
+/// The client configuration for a kubeconfig file, else in-cluster, then KUBECONFIG, then
+/// ~/.kube/config.
+pub async fn kube_config(path: Option<&std::path::Path>) -> anyhow::Result<kube::Config> {
+    Ok(match path {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("read kubeconfig {}", path.display()))?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
         }
-        // In-cluster first, then KUBECONFIG, then ~/.kube/config.
         None => kube::Config::infer()
             .await
             .context("no kubeconfig: not in a cluster, no KUBECONFIG, no ~/.kube/config")?,
-    };
+    })
+}
+
+/// The API clients: the main one, with kube's retries of 429, 503 and 504 (backing off,
+/// as client-go does), and one without them for evictions, whose 429 is a
+/// PodDisruptionBudget's refusal to be tried again later, not the server's load.
+async fn clients_for(config: &Config) -> anyhow::Result<(Client, Client)> {
+    let kube_config = kube_config(config.kubeconfig.as_deref()).await?;
     let mut no_retry = kube_config.clone();
     no_retry.default_retry = false;
     Ok((Client::try_from(kube_config)?, Client::try_from(no_retry)?))

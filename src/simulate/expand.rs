@@ -423,12 +423,22 @@ pub fn expand_all(manifests: Manifests) -> Result<(ClusterInput, super::Groups),
                 _ => Some(global_default.unwrap_or(0)),
             };
         }
-        // The resourceclaim controller: one claim per template reference.
-        let mut statuses = Vec::new();
+        // The resourceclaim controller: one claim per template reference, unless the pod's
+        // status names its claim already (a pod read from a cluster).
+        let made: Vec<PodResourceClaimStatus> = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.resource_claim_statuses.clone())
+            .unwrap_or_default();
+        let spec = pod.spec.get_or_insert_with(Default::default);
+        let mut statuses = made.clone();
         for pod_claim in spec.resource_claims.iter().flatten() {
             let Some(template_name) = pod_claim.resource_claim_template_name.as_deref() else {
                 continue;
             };
+            if made.iter().any(|s| s.name == pod_claim.name) {
+                continue;
+            }
             let Some(template) = templates.get(&(ns.clone(), template_name.to_string())) else {
                 // Like the controller, leave the pod waiting; the engine reports why.
                 continue;

@@ -24,6 +24,7 @@
 pub mod expand;
 pub mod handoff;
 pub mod limits;
+pub mod live;
 pub mod manifests;
 pub mod report;
 pub mod validate;
@@ -131,7 +132,20 @@ pub fn load(paths: &[PathBuf]) -> Result<ClusterInput, SimulateError> {
 
 /// [`load`], also returning the Workloads and PodGroups for [`simulate_groups`].
 pub fn load_all(paths: &[PathBuf]) -> Result<(ClusterInput, Groups), SimulateError> {
-    let manifests = manifests::load(paths)?;
+    load_onto(manifests::Manifests::default(), paths)
+}
+
+/// [`load_all`] on top of objects already read (`simulate --from-cluster`: the cluster's).
+pub fn load_onto(
+    base: manifests::Manifests,
+    paths: &[PathBuf],
+) -> Result<(ClusterInput, Groups), SimulateError> {
+    let files = if paths.is_empty() {
+        manifests::Manifests::default()
+    } else {
+        manifests::load(paths)?
+    };
+    let manifests = live::apply(base, files);
     for ignored in &manifests.ignored {
         eprintln!(
             "note: {}: {} is not used by the simulation",

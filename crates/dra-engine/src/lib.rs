@@ -47,6 +47,7 @@ pub mod extended;
 pub mod framework;
 pub mod group;
 pub mod handoff;
+pub mod inventory;
 pub mod plugins;
 pub mod preemption;
 pub mod resources;
