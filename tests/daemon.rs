@@ -135,6 +135,19 @@ async fn a5000_else_t10_then_metrics() {
         "one status patch per claim: allocation and reservedFor together"
     );
     assert_eq!(metric(&text, "dra_scheduler_leader"), 1.0);
+    // The devices gauge, counted every 15 s: the A5000 and a T10 allocated, a T10 free.
+    let gauge = |state: &str| {
+        format!(
+            "dra_scheduler_devices{{class=\"gpu.nvidia.com\",node=\"gpu-node-1\",state=\"{state}\"}}"
+        )
+    };
+    let text = eventually("the devices gauge with both pods' devices", 40, || async {
+        let text = scrape(&daemon.metrics).await?;
+        (text.contains(&gauge("allocated")) && metric(&text, &gauge("allocated")) == 2.0)
+            .then_some(text)
+    })
+    .await;
+    assert_eq!(metric(&text, &gauge("free")), 1.0);
     let ready = Command::new("curl")
         .args(["-sf", &format!("{}/readyz", daemon.metrics)])
         .output()

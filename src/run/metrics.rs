@@ -31,6 +31,12 @@ pub struct Metrics {
     pub bind_latency: HistogramVec,
     /// Pending pods by queue (active, backoff, unschedulable).
     pub pending: IntGaugeVec,
+    /// Unschedulable pods by the plugin that rejected them (kube-scheduler's
+    /// `scheduler_unschedulable_pods{plugin}`).
+    pub unschedulable: IntGaugeVec,
+    /// Devices per node, DeviceClass and state (free, allocated, tainted); a device counts
+    /// in every class it matches.
+    pub devices: IntGaugeVec,
     /// Decisions assumed whose writes have not finished.
     pub in_flight: IntGauge,
     /// From the pod entering the queue to its binding, in seconds.
@@ -131,6 +137,20 @@ impl Metrics {
             Opts::new("pending_pods", "Pending pods by queue"),
             &["queue"],
         )?;
+        let unschedulable = IntGaugeVec::new(
+            Opts::new(
+                "unschedulable_pods",
+                "Unschedulable pods by the plugin that rejected them (none: no plugin named, e.g. out of search time)",
+            ),
+            &["plugin"],
+        )?;
+        let devices = IntGaugeVec::new(
+            Opts::new(
+                "devices",
+                "Devices per node, DeviceClass and state (free, allocated, tainted); a device counts in every class it matches",
+            ),
+            &["node", "class", "state"],
+        )?;
         let in_flight = IntGauge::new(
             "bindings_in_flight",
             "Decisions whose writes have not finished",
@@ -218,6 +238,9 @@ impl Metrics {
         registry.register(Box::new(attempts.clone()))?;
         registry.register(Box::new(bind_latency.clone()))?;
         registry.register(Box::new(pending.clone()))?;
+        unschedulable.with_label_values(&["none"]).set(0);
+        registry.register(Box::new(unschedulable.clone()))?;
+        registry.register(Box::new(devices.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
         registry.register(Box::new(
             prometheus::process_collector::ProcessCollector::for_self(),
@@ -228,6 +251,8 @@ impl Metrics {
             attempts,
             bind_latency,
             pending,
+            unschedulable,
+            devices,
             in_flight,
             pod_scheduling,
             search_steps,
@@ -262,6 +287,35 @@ impl Metrics {
             ("gated", gated),
         ] {
             self.pending.with_label_values(&[queue]).set(n as i64);
+        }
+    }
+
+    /// The unschedulable pods by plugin; plugins that no longer reject any pod read 0.
+    pub fn set_unschedulable(&self, by_plugin: &std::collections::BTreeMap<&'static str, i64>) {
+        use prometheus::core::Collector;
+        for metric in self.unschedulable.collect() {
+            for m in metric.get_metric() {
+                let plugin = m.get_label().first().map(|l| l.value()).unwrap_or("");
+                if !by_plugin.contains_key(plugin) {
+                    self.unschedulable.with_label_values(&[plugin]).set(0);
+                }
+            }
+        }
+        for (plugin, n) in by_plugin {
+            self.unschedulable.with_label_values(&[plugin]).set(*n);
+        }
+    }
+
+    /// Device counts per (node, class, state), replacing the last ones.
+    pub fn set_devices(
+        &self,
+        counts: &std::collections::BTreeMap<(String, String, &'static str), usize>,
+    ) {
+        self.devices.reset();
+        for ((node, class, state), n) in counts {
+            self.devices
+                .with_label_values(&[node.as_str(), class.as_str(), state])
+                .set(*n as i64);
         }
     }
 

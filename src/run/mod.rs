@@ -68,6 +68,9 @@ const KINDS: [&str; 6] = [
     "ResourceSlice",
 ];
 
+/// How often the `devices` gauge is counted again.
+const INVENTORY_EVERY: Duration = Duration::from_secs(15);
+
 /// How long a pod may wait for a claim that does not exist before the user is told.
 const GATED_REPORT_AFTER: Duration = Duration::from_secs(10);
 
@@ -761,6 +764,10 @@ struct Daemon {
     /// Degraded pods, the round that looks for them, and upgrades.
     degraded: degraded::DegradedPods,
     degraded_round: Option<Running<Vec<dra_engine::Degradation>>>,
+    /// The device counts for the `devices` gauge, made on a thread of their own every
+    /// [`INVENTORY_EVERY`] from a copy of the DRA objects.
+    inventory: Option<Running<dra_engine::inventory::Inventory>>,
+    next_inventory: Instant,
     /// Namespaces and owners the degraded gauge has had.
     degraded_owners: BTreeSet<(String, String)>,
     /// The client for evictions (no retries of 429); the main one where none is set.
@@ -822,6 +829,8 @@ impl Daemon {
             degraded: degraded::DegradedPods::new(config.degraded.clone()),
             degraded_round: None,
             degraded_owners: BTreeSet::new(),
+            inventory: None,
+            next_inventory: Instant::now(),
             eviction_client: None,
             scheduler_name: config.scheduler_name.clone(),
             informers: Informers::default(),
@@ -853,6 +862,14 @@ impl Daemon {
                 }
                 finished = joined(&mut self.long), if self.long.is_some() && self.engine.is_some() => {
                     self.on_long_search_finished(finished)?;
+                    None
+                }
+                counted = joined(&mut self.inventory), if self.inventory.is_some() => {
+                    self.inventory = None;
+                    match counted {
+                        Ok(inventory) => self.metrics.set_devices(&inventory.counts()),
+                        Err(e) => tracing::error!(error = %e, "counting devices failed"),
+                    }
                     None
                 }
                 found = joined(&mut self.degraded_round), if self.degraded_round.is_some() => {
@@ -993,9 +1010,12 @@ impl Daemon {
             tracing::info!(%pod, "handoff wait bound passed: placing the pod on the best device free now");
             self.queue.pod_updated(&pod);
         }
+        self.metrics
+            .set_unschedulable(&self.queue.unschedulable_by_plugin());
         if self.leading {
             self.start_degraded_round(now);
         }
+        self.start_inventory(now);
         // A claim that has not appeared for a while is worth telling the user about.
         if let Some(engine) = self.engine.as_ref() {
             for pod in self.queue.overdue_gated(now, GATED_REPORT_AFTER) {
@@ -1239,6 +1259,32 @@ impl Daemon {
         self.metrics.handoff_waiting.set(self.handoffs.len() as i64);
         self.queue
             .unschedulable(&key, now, BTreeSet::from(["DynamicResources"]));
+    }
+
+    /// Every [`INVENTORY_EVERY`], once synced: count the devices per node, class and state
+    /// (the class selectors are evaluated per device, so not on the event loop).
+    fn start_inventory(&mut self, now: Instant) {
+        if self.inventory.is_some()
+            || now < self.next_inventory
+            || self.informers.synced.len() < self.watched_kinds
+        {
+            return;
+        }
+        let Some(engine) = self.engine.as_ref() else {
+            return;
+        };
+        self.next_inventory = now + INVENTORY_EVERY;
+        let state = engine.state();
+        let dra = ClusterState {
+            claims: state.claims.clone(),
+            classes: state.classes.clone(),
+            slices: state.slices.clone(),
+            taint_rules: state.taint_rules.clone(),
+            ..Default::default()
+        };
+        self.inventory = Some(Running::spawn(move |_| {
+            dra_engine::inventory::Inventory::of(&dra)
+        }));
     }
 
     /// Every `degraded.intervalSeconds`: upgrades that are due, then a search for degraded

@@ -241,6 +241,24 @@ impl SchedulingQueue {
         }
     }
 
+    /// Unschedulable pods by the plugin that rejected them (a pod rejected by two counts
+    /// under each; one with none named, e.g. out of search time, under `none`), for metrics.
+    pub fn unschedulable_by_plugin(&self) -> std::collections::BTreeMap<&'static str, i64> {
+        let mut out = std::collections::BTreeMap::new();
+        for e in self.pods.values() {
+            if !matches!(e.place, Place::Unschedulable(_)) {
+                continue;
+            }
+            if e.rejected_by.is_empty() {
+                *out.entry("none").or_default() += 1;
+            }
+            for plugin in &e.rejected_by {
+                *out.entry(*plugin).or_default() += 1;
+            }
+        }
+        out
+    }
+
     /// Pods per queue, for metrics: (active, backoff, unschedulable, gated).
     pub fn lengths(&self) -> (usize, usize, usize, usize) {
         let mut backoff = 0;
