@@ -707,6 +707,92 @@ fn values_change_what_is_rendered() {
     }
 }
 
+/// The Grafana dashboard and the PrometheusRule are opt-ins: neither is rendered by
+/// default. On, the dashboard's ConfigMap carries `dashboards/dra-scheduler.json` byte for
+/// byte under the label Grafana's sidecar selects, and the PrometheusRule carries the groups
+/// of `rules/dra-scheduler.rules.yaml` (the file promtool checks) for the release's job.
+#[test]
+fn the_dashboard_and_the_alerts_are_rendered_only_when_asked_and_carry_their_files() {
+    let docs = template(&[]);
+    assert!(
+        !kinds(&docs).contains("PrometheusRule"),
+        "{:?}",
+        kinds(&docs)
+    );
+    assert_eq!(
+        docs.iter().filter(|d| d["kind"] == "ConfigMap").count(),
+        1,
+        "only the scheduler's config"
+    );
+
+    let dashboard_file =
+        std::fs::read_to_string(chart().join("dashboards/dra-scheduler.json")).unwrap();
+    let rules_file =
+        std::fs::read_to_string(chart().join("rules/dra-scheduler.rules.yaml")).unwrap();
+    let docs = template(&[
+        "grafanaDashboard.enabled=true",
+        "prometheusRule.enabled=true",
+    ]);
+    let dashboard = object(&docs, "ConfigMap", Some("dra-scheduler-dashboard"));
+    assert_eq!(dashboard["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    assert_eq!(
+        dashboard["data"]["dra-scheduler.json"].as_str(),
+        Some(dashboard_file.as_str()),
+        "the JSON unchanged"
+    );
+    let rule = object(&docs, "PrometheusRule", None);
+    assert_eq!(rule["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(rule["metadata"]["namespace"], NAMESPACE);
+    let groups: Value = serde_yaml::from_str(&rules_file).unwrap();
+    assert_eq!(
+        rule["spec"], groups,
+        "the release's full name is dra-scheduler, the job the rules file names"
+    );
+
+    // Another label for the sidecar, another namespace, another job: every selector of the
+    // rules names the job, and nothing else changes.
+    let docs = template(&[
+        "grafanaDashboard.enabled=true",
+        "grafanaDashboard.label=dashboards",
+        "grafanaDashboard.labelValue=dra",
+        "grafanaDashboard.namespace=monitoring",
+        "grafanaDashboard.annotations.grafana_folder=GPUs",
+        "prometheusRule.enabled=true",
+        "prometheusRule.job=gpu-scheduler",
+        "prometheusRule.labels.release=prometheus",
+    ]);
+    let dashboard = object(&docs, "ConfigMap", Some("dra-scheduler-dashboard"));
+    assert_eq!(dashboard["metadata"]["namespace"], "monitoring");
+    assert_eq!(dashboard["metadata"]["labels"]["dashboards"], "dra");
+    assert!(
+        dashboard["metadata"]["labels"]
+            .get("grafana_dashboard")
+            .is_none()
+    );
+    assert_eq!(
+        dashboard["metadata"]["annotations"]["grafana_folder"],
+        "GPUs"
+    );
+    let rule = object(&docs, "PrometheusRule", None);
+    assert_eq!(rule["metadata"]["labels"]["release"], "prometheus");
+    let expected = rules_file.replace(r#"job="dra-scheduler""#, r#"job="gpu-scheduler""#);
+    assert_ne!(expected, rules_file);
+    assert_eq!(
+        rule["spec"],
+        serde_yaml::from_str::<Value>(&expected).unwrap()
+    );
+
+    // Unset, the job follows the full name.
+    let docs = template(&["prometheusRule.enabled=true", "fullnameOverride=gpus"]);
+    let rule = object(&docs, "PrometheusRule", Some("gpus"));
+    let expected = rules_file.replace(r#"job="dra-scheduler""#, r#"job="gpus""#);
+    assert_eq!(
+        rule["spec"],
+        serde_yaml::from_str::<Value>(&expected).unwrap()
+    );
+}
+
 /// A folder of this test process under the system's temporary folder, empty.
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("dra-chart-test-{}-{name}", std::process::id()));
