@@ -99,6 +99,7 @@
 mod attr;
 pub mod build;
 mod capacity;
+mod compat;
 mod error;
 mod fxhash;
 mod intern;

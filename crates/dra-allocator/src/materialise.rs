@@ -53,6 +53,11 @@ pub(crate) fn results(
                     .clone()
                     .filter(|_| features.binding_conditions),
                 share_id: pick.share.then(crate::share_id),
+                skip_node_operations: slice
+                    .spec
+                    .skip_node_operations
+                    .clone()
+                    .filter(|s| features.optional_node_operations && !s.is_empty()),
                 consumed_capacity: pick.consumed.as_ref().filter(|c| !c.is_empty()).map(|c| {
                     entry
                         .capacity
@@ -61,7 +66,6 @@ pub(crate) fn results(
                         .map(|(cap, q)| (cap.name.clone(), q.to_openapi()))
                         .collect()
                 }),
-                ..Default::default()
             });
         }
         let node_selector =

@@ -191,6 +191,8 @@ struct Undo {
     req: usize,
     dev: u32,
     counters: bool,
+    /// Counter sets whose compatibility-group state this device changed (on `compat_undo`).
+    compat: usize,
     constraints: usize,
     marked: bool,
     capacity: bool,
@@ -212,6 +214,10 @@ pub(crate) struct NodeRun<'a> {
     alloc_capacity: Vec<Option<Vec<Quantity>>>,
     alloc_shares: Vec<u32>,
     consumed: Vec<Vec<Quantity>>,
+    /// Per pool and counter set, the compatibility groups of the devices on it (only for
+    /// pools that declare groups), and the states replaced, for undo.
+    compat: Vec<Vec<crate::compat::Intersection>>,
+    compat_undo: Vec<(u32, u32, crate::compat::Intersection)>,
     cstate: Vec<Vec<ConstraintState>>,
     results: Vec<Vec<Pick>>,
     chosen: Vec<Option<usize>>,
@@ -478,7 +484,10 @@ impl<'a> NodeRun<'a> {
                 states.push(ConstraintState::new(c.kind));
             }
         }
+        let compat = pools.iter().map(|p| p.compat_base.clone()).collect();
         let mut run = NodeRun {
+            compat,
+            compat_undo: Vec::new(),
             snap,
             plan,
             node,
@@ -697,7 +706,8 @@ impl<'a> NodeRun<'a> {
             }
             let tainted = features.device_taints && taint_blocks(&entry.taints, &r.tolerations);
             let unusable = entry.broken.is_some()
-                || (!features.partitionable_devices && !entry.counters.is_empty());
+                || (!features.partitionable_devices && !entry.counters.is_empty())
+                || !self.node_operations_allow(d.entry);
             let mut need = None;
             if features.consumable_capacity {
                 let computed = match (&r.capacity, &entry.unrequested) {
@@ -1361,6 +1371,7 @@ impl<'a> NodeRun<'a> {
             req: r,
             dev: d,
             counters: false,
+            compat: 0,
             constraints: 0,
             marked: false,
             capacity: false,
@@ -1379,6 +1390,10 @@ impl<'a> NodeRun<'a> {
                 return Ok(None);
             }
             undo.counters = true;
+        }
+        if !skip_counters && !self.join_counter_sets(d, &mut undo) {
+            self.undo_partial(&undo);
+            return Ok(None);
         }
         let lists = self.snap.features().list_type_attributes;
         for (n, &c) in p.constraints.iter().enumerate() {
@@ -1429,9 +1444,65 @@ impl<'a> NodeRun<'a> {
         Ok(Some(undo))
     }
 
+    /// A device of a slice with `skipNodeOperations`: with DRAOptionalNodeOperations on,
+    /// only on a node that declares the feature; off, never where the alpha allocator runs
+    /// (some alpha gate on), and as any device otherwise (the stable allocator does not read
+    /// the field), as upstream.
+    fn node_operations_allow(&self, entry: u32) -> bool {
+        let (slice, _) = self.snap.device(entry);
+        if slice
+            .spec
+            .skip_node_operations
+            .as_ref()
+            .is_none_or(|s| s.is_empty())
+        {
+            return true;
+        }
+        let features = self.snap.features();
+        if !features.optional_node_operations {
+            return !features.alpha();
+        }
+        self.node
+            .status
+            .as_ref()
+            .and_then(|s| s.declared_features.as_ref())
+            .is_some_and(|f| f.iter().any(|f| f == "DRAOptionalNodeOperations"))
+    }
+
+    /// DRADeviceCompatibilityGroups: the device joins each counter set it consumes if it
+    /// shares a group with the devices there; false (nothing changed) if not.
+    fn join_counter_sets(&mut self, d: u32, undo: &mut Undo) -> bool {
+        let dev = &self.devs[d as usize];
+        let pool = dev.pool as usize;
+        let Some(sets) = self.pools[pool].compat.get(&dev.entry) else {
+            return true;
+        };
+        let state = &mut self.compat[pool];
+        let admits = |(set, groups): &(u32, crate::compat::Groups)| {
+            state
+                .get(*set as usize)
+                .is_none_or(|now| now.admits(groups))
+        };
+        if !sets.iter().all(admits) {
+            return false;
+        }
+        for (set, groups) in sets {
+            if let Some(now) = state.get_mut(*set as usize) {
+                self.compat_undo.push((pool as u32, *set, *now));
+                *now = now.add(groups);
+                undo.compat += 1;
+            }
+        }
+        true
+    }
+
     fn undo_partial(&mut self, u: &Undo) {
         let p = &self.plan.reqs[u.req];
         let di = u.dev as usize;
+        for _ in 0..u.compat {
+            let (pool, set, before) = self.compat_undo.pop().expect("pushed by try_add");
+            self.compat[pool as usize][set as usize] = before;
+        }
         if u.capacity {
             let need = self.reqs[u.req]
                 .need

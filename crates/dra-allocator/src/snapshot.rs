@@ -32,6 +32,20 @@ pub struct Features {
     pub fractional_capacity_range: bool,
     /// DRAListTypeAttributes (alpha, off): list attributes in constraints.
     pub list_type_attributes: bool,
+    /// DRADeviceCompatibilityGroups (alpha, off): devices drawing on one counter set must
+    /// share a compatibility group; off, slices that declare groups are ignored.
+    pub compatibility_groups: bool,
+    /// DRAOptionalNodeOperations (alpha, off): devices of slices with `skipNodeOperations`
+    /// need it on, and a node that declares the feature; off, they are not allocated.
+    pub optional_node_operations: bool,
+}
+
+impl Features {
+    /// Whether an alpha gate only upstream's experimental allocator supports is on: that
+    /// variant then runs, and reads fields the others ignore.
+    pub fn alpha(&self) -> bool {
+        self.list_type_attributes || self.compatibility_groups || self.optional_node_operations
+    }
 }
 
 impl Default for Features {
@@ -45,6 +59,8 @@ impl Default for Features {
             consumable_capacity: true,
             fractional_capacity_range: true,
             list_type_attributes: false,
+            compatibility_groups: false,
+            optional_node_operations: false,
         }
     }
 }
@@ -498,8 +514,9 @@ impl Snapshot {
                         .is_some_and(|g| !g.is_empty())
                 })
             });
-            compat_slices.push(uses_groups);
-            if uses_groups {
+            let ignored = uses_groups && !features.compatibility_groups;
+            compat_slices.push(ignored);
+            if ignored {
                 pool_slices
                     .entry((spec.driver.clone(), spec.pool.name.clone()))
                     .or_default()
@@ -1063,7 +1080,7 @@ impl Snapshot {
                     .iter()
                     .flatten()
                 {
-                    if sets.insert(set.name.as_str(), 0).is_some() {
+                    if sets.insert(set.name.as_str(), sets.len()).is_some() {
                         info.state =
                             PoolState::Invalid(format!("duplicate counter set name {}", set.name));
                         return info;
@@ -1102,6 +1119,9 @@ impl Snapshot {
                     }
                 }
             }
+            if self.features.compatibility_groups {
+                self.compat_of(&mut info, &sets, device_slices.iter().chain(&other_slices));
+            }
         }
         for &s in &device_slices {
             let (a, b) = self.slice_devices[s as usize];
@@ -1125,7 +1145,83 @@ impl Snapshot {
                 }
             }
         }
-        PoolInfo { s, available }
+        let mut compat_base = Vec::new();
+        if !s.compat.is_empty() {
+            let sets = s
+                .counter_set
+                .iter()
+                .map(|&c| c as usize + 1)
+                .max()
+                .unwrap_or(0);
+            compat_base.resize(sets, crate::compat::Intersection::default());
+            let mut allocated: Vec<u32> = s
+                .compat
+                .keys()
+                .copied()
+                .filter(|e| self.entry_usage[*e as usize].is_some())
+                .collect();
+            allocated.sort_unstable();
+            for entry in allocated {
+                for (set, groups) in &s.compat[&entry] {
+                    if let Some(base) = compat_base.get_mut(*set as usize) {
+                        *base = base.add(groups);
+                    }
+                }
+            }
+        }
+        PoolInfo {
+            s,
+            available,
+            compat_base,
+        }
+    }
+
+    /// Each device's compatibility groups per counter set it consumes, where some device of
+    /// the pool declares groups (else every device is compatible with every other).
+    fn compat_of<'s>(
+        &self,
+        info: &mut PoolStatic,
+        sets: &HashMap<&str, usize>,
+        slices: impl Iterator<Item = &'s u32>,
+    ) {
+        let mut names: HashMap<&str, u32> = HashMap::new();
+        let mut any = false;
+        for &s in slices {
+            let (a, _) = self.slice_devices[s as usize];
+            for (k, device) in self.slices[s as usize]
+                .spec
+                .devices
+                .iter()
+                .flatten()
+                .enumerate()
+            {
+                let mut per_set = Vec::new();
+                for c in device.consumes_counters.iter().flatten() {
+                    let Some(&set) = sets.get(c.counter_set.as_str()) else {
+                        continue;
+                    };
+                    let mut ids: Vec<u32> = c
+                        .compatibility_groups
+                        .iter()
+                        .flatten()
+                        .map(|g| {
+                            let next = names.len() as u32;
+                            *names.entry(g.as_str()).or_insert(next)
+                        })
+                        .collect();
+                    ids.sort_unstable();
+                    ids.dedup();
+                    any |= !ids.is_empty();
+                    per_set.push((set as u32, crate::compat::Groups::new(&ids)));
+                }
+                if !per_set.is_empty() {
+                    info.compat.insert(a + k as u32, per_set);
+                }
+            }
+        }
+        if !any {
+            info.compat.clear();
+        }
     }
 }
 
@@ -1166,6 +1262,9 @@ pub(crate) struct PoolStatic {
     pub base: Vec<Quantity>,
     /// Per device entry (targeting the node or not): (flat counter index, amount).
     pub consumes: FxMap<u32, Vec<(usize, Quantity)>>,
+    /// With DRADeviceCompatibilityGroups, where some device of the pool declares groups:
+    /// per device entry, each counter set it consumes and its groups (interned ids).
+    pub compat: FxMap<u32, Vec<(u32, crate::compat::Groups)>>,
     /// The search's counter groups of `entries` (devices by position), built when a search
     /// first needs them.
     pub counter_groups: OnceLock<Vec<crate::search::CounterGroup>>,
@@ -1183,6 +1282,7 @@ impl PoolStatic {
             counter_set: Vec::new(),
             base: Vec::new(),
             consumes: FxMap::default(),
+            compat: FxMap::default(),
             counter_groups: OnceLock::new(),
         }
     }
@@ -1198,6 +1298,9 @@ pub(crate) struct PoolInfo {
     pub s: Arc<PoolStatic>,
     /// Counter values minus what allocated devices consume.
     pub available: Vec<Quantity>,
+    /// Per counter set, the compatibility groups of the allocated devices on it (empty
+    /// unless the pool declares groups).
+    pub compat_base: Vec<crate::compat::Intersection>,
 }
 
 impl std::ops::Deref for PoolInfo {
@@ -1212,6 +1315,7 @@ impl PoolInfo {
         PoolInfo {
             s: Arc::new(PoolStatic::new(driver, pool, state)),
             available: Vec::new(),
+            compat_base: Vec::new(),
         }
     }
 }

@@ -42,6 +42,7 @@ fn base(
         nodes,
         repeat: None,
         timeout_ms: 60_000,
+        alpha_gates: false,
     }
 }
 
@@ -268,6 +269,7 @@ pub fn mig_count(copies: usize, counts: &[usize]) -> Case {
         nodes: vec![n],
         repeat: None,
         timeout_ms: 60_000,
+        alpha_gates: false,
     }
 }
 

@@ -78,6 +78,9 @@ pub struct Case {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repeat: Option<u32>,
     pub timeout_ms: u64,
+    /// 1.37's alpha gates the allocator reads, on (allocref: `alphaGates`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub alpha_gates: bool,
 }
 
 impl Case {
@@ -92,9 +95,20 @@ impl Case {
                 .collect(),
             taint_rules: self.taint_rules.clone(),
             allocations: self.allocations.clone(),
-            features: Features::default(),
+            features: self.features(),
             selector_cache: None,
         })
+    }
+
+    /// 1.37's defaults, or with the alpha gates the allocator reads on.
+    pub fn features(&self) -> Features {
+        let mut f = Features::default();
+        if self.alpha_gates {
+            f.list_type_attributes = true;
+            f.compatibility_groups = true;
+            f.optional_node_operations = true;
+        }
+        f
     }
 }
 
@@ -335,7 +349,77 @@ pub fn generate(seed: u64, size: Size) -> Case {
         nodes: Vec::new(),
         repeat: None,
         timeout_ms: 10_000,
+        alpha_gates: false,
     }
+}
+
+/// A random scenario with the alpha gates on: [`generate`]'s, plus compatibility groups on
+/// devices that consume counters, list-valued attributes with constraints on them, and
+/// slices that skip node operations on a node that may or may not declare the feature.
+pub fn generate_gated(seed: u64, size: Size) -> Case {
+    let mut case = generate(seed, size);
+    case.alpha_gates = true;
+    let mut rng = Rng::new(seed ^ 0x9A7E5);
+    let groups = [vec![], vec!["a"], vec!["b"], vec!["a", "b"]];
+    let links = ["l1", "l2", "l3"];
+    for slice in &mut case.slices {
+        if rng.chance(15) {
+            slice.spec.skip_node_operations = Some(vec!["Prepare".into()]);
+        }
+        let driver = slice.spec.driver.clone();
+        for device in slice.spec.devices.iter_mut().flatten() {
+            for c in device.consumes_counters.iter_mut().flatten() {
+                let g = &groups[rng.below(4) as usize];
+                c.compatibility_groups =
+                    (!g.is_empty()).then(|| g.iter().map(|s| s.to_string()).collect());
+            }
+            if rng.chance(60) {
+                let n = rng.range(1, 3) as usize;
+                let start = rng.below(3) as usize;
+                let values: Vec<String> =
+                    (0..n).map(|i| links[(start + i) % 3].to_string()).collect();
+                device
+                    .attributes
+                    .get_or_insert_with(Default::default)
+                    .insert(
+                        format!("{driver}/links"),
+                        DeviceAttribute {
+                            strings: Some(values),
+                            ..Default::default()
+                        },
+                    );
+            }
+        }
+    }
+    if rng.chance(60) {
+        case.node
+            .status
+            .get_or_insert_with(Default::default)
+            .declared_features = Some(vec!["DRAOptionalNodeOperations".into()]);
+    }
+    for claim in &mut case.claims {
+        let Some(spec) = claim.spec.as_mut().and_then(|s| s.devices.as_mut()) else {
+            continue;
+        };
+        if rng.chance(30) {
+            let attribute = format!("{GPU}/links");
+            let constraint = if rng.chance(70) {
+                DeviceConstraint {
+                    match_attribute: Some(attribute),
+                    ..Default::default()
+                }
+            } else {
+                DeviceConstraint {
+                    distinct_attribute: Some(attribute),
+                    ..Default::default()
+                }
+            };
+            spec.constraints
+                .get_or_insert_with(Vec::new)
+                .push(constraint);
+        }
+    }
+    case
 }
 
 // ---------------------------------------------------------------------------------------

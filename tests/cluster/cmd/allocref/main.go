@@ -44,6 +44,9 @@ type snapshot struct {
 	Nodes       []v1.Node                      `json:"nodes"`
 	Repeat      int                            `json:"repeat"`
 	TimeoutMs   int                            `json:"timeoutMs"`
+	// AlphaGates turns on 1.37's alpha DRA gates the allocator reads (DRAListTypeAttributes,
+	// DRADerivedAttributes, DRADeviceCompatibilityGroups, DRAOptionalNodeOperations).
+	AlphaGates bool `json:"alphaGates"`
 }
 
 type answer struct {
@@ -82,6 +85,16 @@ var features = structured.Features{
 	DeviceBindingAndStatus:  true,
 	ConsumableCapacity:      true,
 	FractionalCapacityRange: true,
+}
+
+// withAlphaGates is features with 1.37's alpha gates that the allocator reads on.
+func withAlphaGates() structured.Features {
+	f := features
+	f.ListTypeAttributes = true
+	f.DerivedAttributes = true
+	f.CompatibilityGroups = true
+	f.OptionalNodeOperations = true
+	return f
 }
 
 // allocatedState gathers what the scheduler's claim tracker would: dedicated devices,
@@ -162,7 +175,11 @@ func run(s *snapshot, celCache *cel.Cache) answer {
 		began := time.Now()
 		ans = answer{}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		allocator, err := structured.NewAllocator(ctx, features, allocatedState(s.Allocations), classes, slices, celCache)
+		gates := features
+		if s.AlphaGates {
+			gates = withAlphaGates()
+		}
+		allocator, err := structured.NewAllocator(ctx, gates, allocatedState(s.Allocations), classes, slices, celCache)
 		if err != nil {
 			cancel()
 			ans.Error = err.Error()
