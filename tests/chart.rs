@@ -725,6 +725,15 @@ fn the_dashboard_and_the_alerts_are_rendered_only_when_asked_and_carry_their_fil
         "only the scheduler's config"
     );
 
+    let out = run(helm().args(["lint", "--strict"]).arg(chart()).args([
+        "--set",
+        "grafanaDashboard.enabled=true",
+        "--set",
+        "prometheusRule.enabled=true",
+    ]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("0 chart(s) failed"), "{text}");
+
     let dashboard_file =
         std::fs::read_to_string(chart().join("dashboards/dra-scheduler.json")).unwrap();
     let rules_file =
