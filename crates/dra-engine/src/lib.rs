@@ -43,6 +43,7 @@ mod changes;
 pub mod claims;
 mod cycle;
 pub mod engine;
+pub mod explain;
 pub mod extended;
 pub mod framework;
 pub mod group;
