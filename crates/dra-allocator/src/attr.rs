@@ -31,7 +31,7 @@ impl AttrValue {
         }
     }
 
-    fn from_api(a: &DeviceAttribute) -> Option<AttrValue> {
+    pub fn from_api(a: &DeviceAttribute) -> Option<AttrValue> {
         let scalar = if let Some(s) = &a.string {
             Some(Scalar::Str(s.clone()))
         } else if let Some(i) = a.int {

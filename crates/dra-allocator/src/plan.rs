@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::resource::v1::{DeviceClass, DeviceToleration, ResourceClaim};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, DeviceDerivedAttribute, DeviceToleration, ResourceClaim,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 
 use crate::error::AllocError;
@@ -47,6 +49,17 @@ pub(crate) struct ReqPlan {
     pub capacity: Option<Vec<(String, Quantity, ApiQuantity)>>,
     /// Indices of the claim's constraints that cover this (sub)request.
     pub constraints: Vec<usize>,
+    /// DRADerivedAttributes: attribute name → its expression, compiled (or why not: an
+    /// error only when a constraint looks the attribute up, as upstream compiles lazily).
+    pub derived: Vec<Derived>,
+}
+
+/// A request's derived attribute.
+#[derive(Debug)]
+pub(crate) struct Derived {
+    pub name: String,
+    pub expression: String,
+    pub compiled: Result<std::sync::Arc<dra_cel::Selector>, dra_cel::CelError>,
 }
 
 #[derive(Debug)]
@@ -204,17 +217,26 @@ impl Plan {
                             capacity: Option<
                     &k8s_openapi::api::resource::v1::CapacityRequirements,
                 >,
-                            derived: bool|
+                            derived: Option<&Vec<DeviceDerivedAttribute>>|
                  -> Result<ReqPlan, AllocError> {
                     let full = match sub {
                         Some((_, s)) => format!("{name}/{s}"),
                         None => name.to_string(),
                     };
-                    if derived {
+                    let derived = derived.map(Vec::as_slice).unwrap_or_default();
+                    if !derived.is_empty() && !features.derived_attributes {
                         return Err(invalid(format!(
                             "request {full}: cannot handle request with derived attributes, the feature is disabled"
                         )));
                     }
+                    let derived = derived
+                        .iter()
+                        .map(|d| Derived {
+                            name: d.name.clone(),
+                            expression: d.expression.clone(),
+                            compiled: snapshot.compile_derived(&d.expression),
+                        })
+                        .collect();
                     if admin.is_some() && !features.admin_access {
                         return Err(invalid(format!(
                             "request {full}: admin access is requested, but the feature is disabled"
@@ -302,6 +324,7 @@ impl Plan {
                         tolerations: tolerations.cloned().unwrap_or_default(),
                         capacity,
                         constraints,
+                        derived,
                     })
                 };
                 if first_available {
@@ -316,7 +339,7 @@ impl Plan {
                             s.selectors.as_ref(),
                             s.tolerations.as_ref(),
                             s.capacity.as_ref(),
-                            s.derived_attributes.as_ref().is_some_and(|d| !d.is_empty()),
+                            s.derived_attributes.as_ref(),
                         )?;
                         add(&mut plan, r);
                     }
@@ -337,7 +360,7 @@ impl Plan {
                         e.selectors.as_ref(),
                         e.tolerations.as_ref(),
                         e.capacity.as_ref(),
-                        e.derived_attributes.as_ref().is_some_and(|d| !d.is_empty()),
+                        e.derived_attributes.as_ref(),
                     )?;
                     add(&mut plan, r);
                 }

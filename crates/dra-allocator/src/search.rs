@@ -218,6 +218,8 @@ pub(crate) struct NodeRun<'a> {
     /// pools that declare groups), and the states replaced, for undo.
     compat: Vec<Vec<crate::compat::Intersection>>,
     compat_undo: Vec<(u32, u32, crate::compat::Intersection)>,
+    /// DRADerivedAttributes: (device entry, expression) → the value it yields.
+    derived: FxMap<(u32, String), Option<AttrValue>>,
     cstate: Vec<Vec<ConstraintState>>,
     results: Vec<Vec<Pick>>,
     chosen: Vec<Option<usize>>,
@@ -488,6 +490,7 @@ impl<'a> NodeRun<'a> {
         let mut run = NodeRun {
             compat,
             compat_undo: Vec::new(),
+            derived: FxMap::default(),
             snap,
             plan,
             node,
@@ -505,7 +508,12 @@ impl<'a> NodeRun<'a> {
             results,
             chosen,
             memo: FxSet::default(),
-            faithful: plan.reqs.iter().any(|r| r.all && !r.constraints.is_empty()),
+            // Derived attributes are evaluated where upstream's search reaches them (an
+            // error there fails the attempt): no pruning that could skip or add one.
+            faithful: plan
+                .reqs
+                .iter()
+                .any(|r| (r.all || !r.derived.is_empty()) && !r.constraints.is_empty()),
             steps: 0,
             marks,
             epoch: 0,
@@ -1397,7 +1405,18 @@ impl<'a> NodeRun<'a> {
         }
         let lists = self.snap.features().list_type_attributes;
         for (n, &c) in p.constraints.iter().enumerate() {
-            let value = self.attr_values[p.claim][c][di].as_ref();
+            let derived = match self.derived_value(r, c, d) {
+                Ok(v) => v,
+                Err(e) => {
+                    undo.constraints = n;
+                    self.undo_partial(&undo);
+                    return Err(e);
+                }
+            };
+            let value = match &derived {
+                Some(v) => v.as_ref(),
+                None => self.attr_values[p.claim][c][di].as_ref(),
+            };
             if !self.cstate[p.claim][c].add(value, lists) {
                 undo.constraints = n;
                 self.undo_partial(&undo);
@@ -1467,6 +1486,61 @@ impl<'a> NodeRun<'a> {
             .as_ref()
             .and_then(|s| s.declared_features.as_ref())
             .is_some_and(|f| f.iter().any(|f| f == "DRAOptionalNodeOperations"))
+    }
+
+    /// The value constraint `c` reads for device `d` in request `r` when the request derives
+    /// that attribute (DRADerivedAttributes: it shadows the device's own), evaluated once
+    /// per device and expression; `None` when the request does not derive it. A compile or
+    /// evaluation error fails the attempt, naming the claim, request, attribute and device.
+    fn derived_value(
+        &mut self,
+        r: usize,
+        c: usize,
+        d: u32,
+    ) -> Result<Option<Option<AttrValue>>, AllocError> {
+        let p = &self.plan.reqs[r];
+        if p.derived.is_empty() {
+            return Ok(None);
+        }
+        let attribute = &self.plan.claims[p.claim].constraints[c].attribute;
+        let Some(derived) = p.derived.iter().find(|x| &x.name == attribute) else {
+            return Ok(None);
+        };
+        let entry = self.devs[d as usize].entry;
+        let key = (entry, derived.expression.clone());
+        if let Some(v) = self.derived.get(&key) {
+            return Ok(Some(v.clone()));
+        }
+        let claim = &self.plan.claims[p.claim].display;
+        let context = |what: &str| {
+            format!(
+                "claim {claim}, request {}: {what} derived attribute {}",
+                p.name, derived.name
+            )
+        };
+        let compiled = derived.compiled.as_ref().map_err(|e| AllocError::Cel {
+            context: context("compile"),
+            source: e.clone(),
+        })?;
+        let (slice, device) = self.snap.device(entry);
+        let evaluated = compiled
+            .attribute(dra_cel::DeviceRef {
+                driver: &slice.spec.driver,
+                attributes: device.attributes.as_ref().unwrap_or(&EMPTY_ATTRS),
+                capacity: device.capacity.as_ref().unwrap_or(&EMPTY_CAPS),
+                allow_multiple_allocations: device.allow_multiple_allocations.unwrap_or(false),
+            })
+            .map_err(|e| AllocError::Cel {
+                context: format!(
+                    "{} on device {}",
+                    context("evaluate"),
+                    self.snap.device_id(entry)
+                ),
+                source: e,
+            })?;
+        let value = AttrValue::from_api(&evaluated);
+        self.derived.insert(key, value.clone());
+        Ok(Some(value))
     }
 
     /// DRADeviceCompatibilityGroups: the device joins each counter set it consumes if it

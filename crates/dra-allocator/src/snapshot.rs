@@ -35,6 +35,9 @@ pub struct Features {
     /// DRADeviceCompatibilityGroups (alpha, off): devices drawing on one counter set must
     /// share a compatibility group; off, slices that declare groups are ignored.
     pub compatibility_groups: bool,
+    /// DRADerivedAttributes (alpha, off): requests' CEL-computed attributes, which
+    /// constraints read in place of the device's.
+    pub derived_attributes: bool,
     /// DRAOptionalNodeOperations (alpha, off): devices of slices with `skipNodeOperations`
     /// need it on, and a node that declares the feature; off, they are not allocated.
     pub optional_node_operations: bool,
@@ -44,7 +47,10 @@ impl Features {
     /// Whether an alpha gate only upstream's experimental allocator supports is on: that
     /// variant then runs, and reads fields the others ignore.
     pub fn alpha(&self) -> bool {
-        self.list_type_attributes || self.compatibility_groups || self.optional_node_operations
+        self.list_type_attributes
+            || self.compatibility_groups
+            || self.derived_attributes
+            || self.optional_node_operations
     }
 }
 
@@ -60,6 +66,7 @@ impl Default for Features {
             fractional_capacity_range: true,
             list_type_attributes: false,
             compatibility_groups: false,
+            derived_attributes: false,
             optional_node_operations: false,
         }
     }
@@ -873,6 +880,15 @@ impl Snapshot {
     /// Compiles a selector expression. Compiled programs are shared by every snapshot in
     /// the process (as Kubernetes keeps one CEL compile cache per process): a fresh
     /// snapshot evaluates selectors anew but does not compile them again.
+    /// A derived attribute's expression, compiled by the snapshot's CEL environment (which
+    /// caches it).
+    pub(crate) fn compile_derived(
+        &self,
+        expression: &str,
+    ) -> Result<Arc<dra_cel::Selector>, dra_cel::CelError> {
+        self.cache.env.compile_derived(expression)
+    }
+
     pub(crate) fn compile(
         &self,
         expression: &str,

@@ -263,18 +263,30 @@ impl Checker {
         }
     }
 
-    /// Type and cost of the whole expression; rejects statically non-bool results and
-    /// estimates over [`MAX_COST`].
-    pub fn check(&mut self, e: &IdedExpr) -> Result<Est, Reject> {
+    /// Type and cost of the whole expression; rejects estimates over [`MAX_COST`] and
+    /// statically non-bool results (for a derived attribute, `derived`: anything but a
+    /// primitive scalar, string, int, bool or semver, or a list of them).
+    pub fn check(&mut self, e: &IdedExpr, derived: bool) -> Result<Est, Reject> {
         let est = self.expr(e)?;
-        if !matches!(est.ty, Ty::Bool | Ty::Dyn) {
-            return reject(
-                e.id,
+        let scalar = |t: &Ty| matches!(t, Ty::Bool | Ty::Int | Ty::String | Ty::Semver | Ty::Dyn);
+        let allowed = if derived {
+            scalar(&est.ty) || matches!(&est.ty, Ty::List(t) if scalar(t))
+        } else {
+            matches!(est.ty, Ty::Bool | Ty::Dyn)
+        };
+        if !allowed {
+            let message = if derived {
+                format!(
+                    "must evaluate to a primitive scalar (string, integer, boolean, semver) or a list of these scalars, not {}",
+                    est.ty.name()
+                )
+            } else {
                 format!(
                     "must evaluate to bool or the unknown type, not {}",
                     est.ty.name()
-                ),
-            );
+                )
+            };
+            return reject(e.id, message);
         }
         if est.cost > MAX_COST {
             return Err(Reject {

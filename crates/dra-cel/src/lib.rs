@@ -259,6 +259,37 @@ impl Selector {
         }
     }
 
+    /// Evaluate a derived attribute's expression (compiled with
+    /// [`Environment::compile_derived`]) against one device: the attribute it yields.
+    pub fn attribute(&self, device: DeviceRef<'_>) -> Result<DeviceAttribute, CelError> {
+        let run = || {
+            let resolver = DeviceResolver(device::DeviceVal::new(device));
+            let mut ctx = Context::with_env(Arc::clone(&self.env));
+            ctx.set_variable_resolver(&resolver);
+            match eval::Evaluator::new(&resolver.0, &self.comprehensions, &self.constants)
+                .eval(&self.program, &ctx)
+            {
+                Ok(v) => values::to_attribute(&*v).map_err(|m| (CelErrorKind::Runtime, m)),
+                Err(e) => Err((CelErrorKind::Runtime, runtime_message(&e))),
+            }
+        };
+        let outcome = if self.depth > SHALLOW_AST_DEPTH {
+            on_big_stack(run).ok_or(())
+        } else {
+            catch_unwind(AssertUnwindSafe(run)).map_err(|_| ())
+        };
+        match outcome {
+            Ok(Ok(a)) => Ok(a),
+            Ok(Err((kind, message))) => Err(CelError::new(kind, &self.expression, None, message)),
+            Err(()) => Err(CelError::new(
+                CelErrorKind::Runtime,
+                &self.expression,
+                None,
+                "internal error: the CEL interpreter panicked".into(),
+            )),
+        }
+    }
+
     fn evaluate(&self, device: DeviceRef<'_>) -> Result<bool, (CelErrorKind, String)> {
         let resolver = DeviceResolver(device::DeviceVal::new(device));
         let mut ctx = Context::with_env(Arc::clone(&self.env));
@@ -391,13 +422,29 @@ impl Environment {
         }
     }
 
+    /// Compiles a derived attribute's expression (DRADerivedAttributes): it must yield a
+    /// string, int, bool or semver, or a list of them; evaluate it with
+    /// [`Selector::attribute`]. Cached apart from selectors.
+    pub fn compile_derived(&self, expression: &str) -> Result<Arc<Selector>, CelError> {
+        self.compile_cached(expression, true)
+    }
+
     /// Compiles `expression`, or returns the cached selector compiled from the same text.
     pub fn compile(&self, expression: &str) -> Result<Arc<Selector>, CelError> {
+        self.compile_cached(expression, false)
+    }
+
+    fn compile_cached(&self, expression: &str, derived: bool) -> Result<Arc<Selector>, CelError> {
+        let key = if derived {
+            format!("derived:{expression}")
+        } else {
+            expression.to_string()
+        };
         if let Some(s) = self
             .cache
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .get(expression)
+            .get(&key)
         {
             return Ok(Arc::clone(s));
         }
@@ -405,24 +452,25 @@ impl Environment {
         // level in debug builds), more than a caller's thread may have, and the checks recurse
         // over the AST: compile on a thread of our own. Compiling is cached, so the thread is
         // paid once per expression.
-        let compiled = on_big_stack(|| self.compile_uncached(expression)).unwrap_or_else(|| {
-            Err(CelError::new(
-                CelErrorKind::Compile,
-                expression,
-                None,
-                "internal error: compiling panicked".into(),
-            ))
-        });
+        let compiled =
+            on_big_stack(|| self.compile_uncached(expression, derived)).unwrap_or_else(|| {
+                Err(CelError::new(
+                    CelErrorKind::Compile,
+                    expression,
+                    None,
+                    "internal error: compiling panicked".into(),
+                ))
+            });
         let selector = Arc::new(compiled?);
         let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
         if cache.len() >= CACHE_LIMIT {
             cache.clear();
         }
-        cache.insert(expression.to_string(), Arc::clone(&selector));
+        cache.insert(key, Arc::clone(&selector));
         Ok(selector)
     }
 
-    fn compile_uncached(&self, expression: &str) -> Result<Selector, CelError> {
+    fn compile_uncached(&self, expression: &str, derived: bool) -> Result<Selector, CelError> {
         let parsed = catch_unwind(AssertUnwindSafe(|| {
             self.env
                 .parser()
@@ -462,7 +510,7 @@ impl Environment {
             ));
         }
         let mut checker = check::Checker::new();
-        let est = match checker.check(&program) {
+        let est = match checker.check(&program, derived) {
             Ok(est) => est,
             Err(reject) => {
                 let position = source_info

@@ -106,6 +106,7 @@ impl Case {
         if self.alpha_gates {
             f.list_type_attributes = true;
             f.compatibility_groups = true;
+            f.derived_attributes = true;
             f.optional_node_operations = true;
         }
         f
@@ -397,10 +398,47 @@ pub fn generate_gated(seed: u64, size: Size) -> Case {
             .get_or_insert_with(Default::default)
             .declared_features = Some(vec!["DRAOptionalNodeOperations".into()]);
     }
+    // Derived attributes: a constant, a string every GPU has (an error on a NIC: no such
+    // key), NUMA doubled (an error on the devices without it); named after the constraints'
+    // attributes (shadowing the device's) or a name of their own.
+    let expressions = [
+        r#""same""#.to_string(),
+        format!(r#"device.attributes["{GPU}"].model"#),
+        r#"device.attributes["resource.kubernetes.io"].numaNode * 2"#.to_string(),
+    ];
+    let names = [
+        NUMA.to_string(),
+        format!("{GPU}/links"),
+        "derived/x".to_string(),
+    ];
+    let derive = |rng: &mut Rng| -> Option<Vec<DeviceDerivedAttribute>> {
+        rng.chance(35).then(|| {
+            vec![DeviceDerivedAttribute {
+                name: names[rng.below(3) as usize].clone(),
+                expression: expressions[rng.below(3) as usize].clone(),
+            }]
+        })
+    };
     for claim in &mut case.claims {
         let Some(spec) = claim.spec.as_mut().and_then(|s| s.devices.as_mut()) else {
             continue;
         };
+        for request in spec.requests.iter_mut().flatten() {
+            if let Some(e) = request.exactly.as_mut() {
+                e.derived_attributes = derive(&mut rng);
+            }
+            for sub in request.first_available.iter_mut().flatten() {
+                sub.derived_attributes = derive(&mut rng);
+            }
+        }
+        if rng.chance(15) {
+            spec.constraints
+                .get_or_insert_with(Vec::new)
+                .push(DeviceConstraint {
+                    match_attribute: Some("derived/x".into()),
+                    ..Default::default()
+                });
+        }
         if rng.chance(30) {
             let attribute = format!("{GPU}/links");
             let constraint = if rng.chance(70) {
@@ -797,6 +835,18 @@ fn scalar(a: &DeviceAttribute) -> Option<String> {
         .or(a.version.clone().map(|v| format!("v:{v}")))
 }
 
+/// A value's items: the list's, or the scalar alone.
+fn items(a: &DeviceAttribute) -> HashSet<String> {
+    if let Some(s) = scalar(a) {
+        return HashSet::from([s]);
+    }
+    let strings = a.strings.iter().flatten().map(|s| format!("s:{s}"));
+    let ints = a.ints.iter().flatten().map(|i| format!("i:{i}"));
+    let bools = a.bools.iter().flatten().map(|b| format!("b:{b}"));
+    let versions = a.versions.iter().flatten().map(|v| format!("v:{v}"));
+    strings.chain(ints).chain(bools).chain(versions).collect()
+}
+
 /// Checks one answer against every rule. `Err` names the first violation.
 pub fn check(case: &Case, results: &[AllocationResult]) -> Result<(), String> {
     let env = env();
@@ -959,6 +1009,26 @@ pub fn check(case: &Case, results: &[AllocationResult]) -> Result<(), String> {
         if by_request.values().map(Vec::len).sum::<usize>() != rs.len() {
             return Err(format!("claim {ci}: results for unknown requests"));
         }
+        // Attributes some request derives (DRADerivedAttributes): a CEL value per device and
+        // request, which this checker does not compute; the reference comparison covers them.
+        let derived: HashSet<&str> = spec
+            .requests
+            .iter()
+            .flatten()
+            .flat_map(|r| {
+                let exact = r
+                    .exactly
+                    .iter()
+                    .flat_map(|e| e.derived_attributes.iter().flatten());
+                let subs = r
+                    .first_available
+                    .iter()
+                    .flatten()
+                    .flat_map(|s| s.derived_attributes.iter().flatten());
+                exact.chain(subs)
+            })
+            .map(|d| d.name.as_str())
+            .collect();
         for c in spec.constraints.iter().flatten() {
             let names = c.requests.clone().unwrap_or_default();
             let covered: Vec<&(String, &ResourceSlice, &Device)> = chosen_devices
@@ -970,6 +1040,9 @@ pub fn check(case: &Case, results: &[AllocationResult]) -> Result<(), String> {
                 .as_ref()
                 .or(c.distinct_attribute.as_ref())
                 .unwrap();
+            if derived.contains(attr_name.as_str()) {
+                continue;
+            }
             let values: Vec<Option<String>> = covered
                 .iter()
                 .map(|(_, s, d)| {
@@ -978,6 +1051,32 @@ pub fn check(case: &Case, results: &[AllocationResult]) -> Result<(), String> {
                 .collect();
             if values.iter().any(Option::is_none) {
                 return Err(format!("claim {ci}: a device lacks {attr_name}"));
+            }
+            if case.alpha_gates {
+                // DRAListTypeAttributes: a value is the set of its items (one for a scalar);
+                // matching sets share an item, distinct ones none.
+                let sets: Vec<HashSet<String>> = covered
+                    .iter()
+                    .map(|(_, s, d)| attr(s, d, attr_name).map(items).unwrap_or_default())
+                    .collect();
+                let shared = sets.iter().skip(1).fold(sets.first().cloned(), |acc, s| {
+                    acc.map(|a| a.intersection(s).cloned().collect::<HashSet<String>>())
+                });
+                if c.match_attribute.is_some() && shared.is_some_and(|s| s.is_empty()) {
+                    return Err(format!(
+                        "claim {ci}: matchAttribute {attr_name} broken: {sets:?}"
+                    ));
+                }
+                let overlap = sets
+                    .iter()
+                    .enumerate()
+                    .any(|(i, a)| sets[i + 1..].iter().any(|b| !a.is_disjoint(b)));
+                if c.distinct_attribute.is_some() && overlap {
+                    return Err(format!(
+                        "claim {ci}: distinctAttribute {attr_name} broken: {sets:?}"
+                    ));
+                }
+                continue;
             }
             let distinct: HashSet<&Option<String>> = values.iter().collect();
             if c.match_attribute.is_some() && distinct.len() > 1 {
