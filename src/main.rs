@@ -130,6 +130,7 @@ fn run_simulate(args: SimulateArgs) -> ExitCode {
                 // The file can turn preemption off; --no-preemption always does.
                 options.preemption &= c.preemption;
                 options.handoff = c.handoff.enabled.then(|| c.handoff.clone());
+                options.features = c.features;
             }
             Err(e) => {
                 eprintln!("error: {e}");

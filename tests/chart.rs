@@ -512,6 +512,7 @@ fn values_change_what_is_rendered() {
         "config.degraded.upgrade.afterSeconds=30",
         "config.handoff.owners=any",
         "config.handoff.maxWaitSeconds=20",
+        "config.featureGates.DRADerivedAttributes=true",
     ]);
     assert!(scheduler_grants(&docs).contains(&eviction));
     let cfg = config(&docs);
@@ -519,6 +520,7 @@ fn values_change_what_is_rendered() {
         cfg["degraded"],
         json!({"intervalSeconds": 10, "upgrade": {"enabled": true, "afterSeconds": 30}})
     );
+    assert_eq!(cfg["featureGates"], json!({"DRADerivedAttributes": true}));
     assert_eq!(
         cfg["handoff"],
         json!({"enabled": true, "owners": "any", "marginSeconds": 30, "maxWaitSeconds": 20})

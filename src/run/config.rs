@@ -21,7 +21,7 @@ pub struct RunArgs {
     /// {prioritizedList, numaAlignment, devicePacking, leastAllocated} (weights), profile
     /// (a KubeSchedulerConfiguration profile: plugins, pluginConfig), preemption {enabled},
     /// handoff {enabled, owners, marginSeconds, maxWaitSeconds}, degraded {intervalSeconds,
-    /// upgrade {enabled, afterSeconds}}. Or a
+    /// upgrade {enabled, afterSeconds}}, featureGates {NAME: BOOL}. Or a
     /// KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1): the profile whose
     /// schedulerName is ours, clientConnection and leaderElection are read from it.
     #[arg(long, value_name = "FILE")]
@@ -101,6 +101,8 @@ struct File {
     handoff: Option<HandoffFile>,
     /// Degraded-pod reporting and the optional upgrade.
     degraded: Option<DegradedFile>,
+    /// Kubernetes' DRA feature gates, by name, as kube-scheduler's `--feature-gates`.
+    feature_gates: Option<std::collections::BTreeMap<String, bool>>,
     scoring: Option<ScoringFile>,
     /// A KubeSchedulerConfiguration profile (`plugins`, `pluginConfig`), merged onto the
     /// default profile as kube-scheduler merges it.
@@ -248,6 +250,36 @@ fn degraded(file: Option<DegradedFile>) -> Result<Degraded, String> {
     })
 }
 
+/// The DRA features the allocator reads, from Kubernetes' gate names: 1.37's defaults
+/// (the beta and GA gates on, the alpha ones off) with `gates` applied. An unknown name is
+/// an error that names it.
+fn features(
+    gates: Option<&std::collections::BTreeMap<String, bool>>,
+) -> Result<dra_engine::Features, String> {
+    let mut f = dra_engine::Features::default();
+    for (gate, &on) in gates.into_iter().flatten() {
+        let slot = match gate.as_str() {
+            "DRAAdminAccess" => &mut f.admin_access,
+            "DRAPrioritizedList" => &mut f.prioritized_list,
+            "DRAPartitionableDevices" => &mut f.partitionable_devices,
+            "DRADeviceTaints" => &mut f.device_taints,
+            "DRADeviceBindingConditions" => &mut f.binding_conditions,
+            "DRAConsumableCapacity" => &mut f.consumable_capacity,
+            "DRAListTypeAttributes" => &mut f.list_type_attributes,
+            "DRADerivedAttributes" => &mut f.derived_attributes,
+            "DRADeviceCompatibilityGroups" => &mut f.compatibility_groups,
+            "DRAOptionalNodeOperations" => &mut f.optional_node_operations,
+            other => {
+                return Err(format!(
+                    "featureGates.{other}: not a DRA feature gate the allocator reads"
+                ));
+            }
+        };
+        *slot = on;
+    }
+    Ok(f)
+}
+
 /// Scoring weights; a criterion left out weighs 0.
 #[derive(Deserialize, Debug, Default)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -390,6 +422,8 @@ pub struct Config {
     pub handoff: Handoff,
     /// `degraded:`: reporting pods on a worse device than is free, and the upgrade.
     pub degraded: Degraded,
+    /// `featureGates:`: the DRA features the allocator reads.
+    pub features: dra_engine::Features,
 }
 
 impl Config {
@@ -499,6 +533,7 @@ impl Config {
             preemption: file.preemption.is_none_or(|p| p.enabled),
             handoff: handoff(file.handoff)?,
             degraded: degraded(file.degraded)?,
+            features: features(file.feature_gates.as_ref())?,
         })
     }
 }
@@ -506,6 +541,25 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn feature_gates_turn_the_alpha_dra_features_on_and_an_unknown_gate_is_named() {
+        let gates = |yaml: &str| {
+            let map: std::collections::BTreeMap<String, bool> = serde_yaml::from_str(yaml).unwrap();
+            features(Some(&map))
+        };
+        let default = features(None).unwrap();
+        assert!(!default.derived_attributes && !default.compatibility_groups);
+        assert!(default.prioritized_list && default.device_taints);
+        let on = gates("{DRADerivedAttributes: true, DRADeviceCompatibilityGroups: true, DRAListTypeAttributes: true, DRAOptionalNodeOperations: true, DRADeviceTaints: false}").unwrap();
+        assert!(on.derived_attributes && on.compatibility_groups);
+        assert!(on.list_type_attributes && on.optional_node_operations);
+        assert!(!on.device_taints);
+        assert_eq!(
+            gates("{DRAResourceClaimDeviceStatus: true}").unwrap_err(),
+            "featureGates.DRAResourceClaimDeviceStatus: not a DRA feature gate the allocator reads"
+        );
+    }
 
     #[test]
     fn flags_win_over_the_file_and_the_file_over_defaults() {

@@ -1801,7 +1801,7 @@ fn engine_for(config: &Config) -> Engine {
             profile: config.profile.clone(),
             filter_timeout: config.filter_timeout,
             preemption: config.preemption,
-            ..Default::default()
+            features: config.features.clone(),
         },
         ClusterInput::default(),
     )

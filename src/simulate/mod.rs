@@ -53,6 +53,8 @@ pub struct Options {
     pub preemption: bool,
     /// The handoff wait, as the daemon's `handoff:` config sets it; `None`: off.
     pub handoff: Option<handoff::Config>,
+    /// The DRA features (the daemon's `featureGates:`).
+    pub features: dra_engine::Features,
 }
 
 impl Default for Options {
@@ -66,6 +68,7 @@ impl Default for Options {
             filter_timeout: engine.filter_timeout,
             preemption: engine.preemption,
             handoff: Some(handoff::Config::default()),
+            features: engine.features,
         }
     }
 }
@@ -185,7 +188,7 @@ pub fn simulate_groups(options: &Options, input: ClusterInput, groups: Groups) -
         percentage_of_nodes_to_score: options.percentage_of_nodes_to_score,
         filter_timeout: options.filter_timeout,
         preemption: options.preemption,
-        ..Default::default()
+        features: options.features.clone(),
     };
     let mut engine = Engine::new(config, input);
     let mut queue = engine.pending_pods(

@@ -146,6 +146,10 @@ degraded:
   upgrade:
     enabled: {{ .Values.config.degraded.upgrade.enabled }}
     afterSeconds: {{ .Values.config.degraded.upgrade.afterSeconds }}
+{{- with .Values.config.featureGates }}
+featureGates:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- with .Values.config.scoring }}
 scoring:
   {{- toYaml . | nindent 2 }}

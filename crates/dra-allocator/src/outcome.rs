@@ -134,6 +134,10 @@ pub struct RequestExplanation {
     pub blocked_by_counters: usize,
     /// Not enough capacity left on a shared device.
     pub blocked_by_capacity: usize,
+    /// Excluded because they map node allocatable resources (DRANodeAllocatableResources),
+    /// which this scheduler does not account for: never allocated rather than overcommit
+    /// the node's CPU or memory.
+    pub node_allocatable: usize,
     /// Usable now, before constraints.
     pub available: usize,
 }
@@ -156,6 +160,10 @@ impl fmt::Display for RequestExplanation {
             (self.in_use, "in use"),
             (self.blocked_by_counters, "blocked by shared counters"),
             (self.blocked_by_capacity, "without enough capacity left"),
+            (
+                self.node_allocatable,
+                "map nodeAllocatableResources (DRANodeAllocatableResources), which dra-scheduler does not support",
+            ),
         ];
         for (n, what) in parts {
             if n > 0 {

@@ -712,6 +712,15 @@ impl<'a> NodeRun<'a> {
                     continue;
                 }
             }
+            let (_, api_device) = self.snap.device(d.entry);
+            if api_device
+                .node_allocatable_resources
+                .as_ref()
+                .is_some_and(|m| !m.is_empty())
+            {
+                st.node_allocatable += 1;
+                continue;
+            }
             let tainted = features.device_taints && taint_blocks(&entry.taints, &r.tolerations);
             let unusable = entry.broken.is_some()
                 || (!features.partitionable_devices && !entry.counters.is_empty())

@@ -45,6 +45,10 @@ impl World {
         self.slices.push(s.build());
         self
     }
+    fn slices_built(mut self, slices: Vec<ResourceSlice>) -> Self {
+        self.slices.extend(slices);
+        self
+    }
     fn rule(mut self, r: DeviceTaintRule) -> Self {
         self.rules.push(r);
         self
@@ -164,6 +168,29 @@ fn allocated_devices_are_skipped_and_explained() {
         "{text}"
     );
     assert!(text.contains("2 in use, 1 available"), "{text}");
+}
+
+#[test]
+fn a_device_that_maps_node_allocatable_resources_is_never_allocated_and_says_why() {
+    // DRANodeAllocatableResources: kube-scheduler would count the node's CPU the device
+    // maps; dra-scheduler does not, so it refuses the device rather than overcommit.
+    let mut slice = gpus(2).build();
+    let mapped: k8s_openapi::api::resource::v1::NodeAllocatableResource =
+        serde_json::from_value(json!({"mapping": {"capacityKey": "gpu.example.com/cpus"}}))
+            .unwrap_or_default();
+    slice.spec.devices.as_mut().unwrap()[0].node_allocatable_resources =
+        Some([("cpu".to_string(), mapped)].into());
+    let snap = world().slices_built(vec![slice]).snapshot();
+    let a = ok(&snap, &[claim("c").request(request("r", "gpu"))]);
+    assert_eq!(devices(&a, 0), ["r=gpu-1"]);
+    let e = unfit(&snap, &[claim("c").request(request("r", "gpu").count(2))]);
+    let text = e.to_string();
+    assert!(
+        text.contains(
+            "1 map nodeAllocatableResources (DRANodeAllocatableResources), which dra-scheduler does not support, 1 available"
+        ),
+        "{text}"
+    );
 }
 
 #[test]

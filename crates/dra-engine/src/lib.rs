@@ -55,6 +55,7 @@ pub mod resources;
 pub mod state;
 
 pub use cycle::Evaluation;
+pub use dra_allocator::Features;
 pub use engine::{
     ClaimDecision, DEFAULT_FILTER_TIMEOUT, Decision, Engine, EngineConfig, Placement,
     VolumeDecision,
