@@ -26,7 +26,28 @@ const EXAMPLES: &[&str] = &[
     "device-taint-rule",
     "extended-resource",
     "mig-partitionable",
+    "derived-attributes",
+    "compatibility-groups",
+    "list-attributes",
 ];
+
+/// The examples of 1.37's alpha DRA features, whose devices are compared too.
+const ALPHA_EXAMPLES: &[&str] = &[
+    "derived-attributes",
+    "compatibility-groups",
+    "list-attributes",
+];
+
+/// The test cluster runs with every DRA gate on, the alpha ones included: simulate too.
+fn all_gates() -> dra_engine::Features {
+    dra_engine::Features {
+        list_type_attributes: true,
+        derived_attributes: true,
+        compatibility_groups: true,
+        optional_node_operations: true,
+        ..Default::default()
+    }
+}
 
 fn example(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -235,12 +256,23 @@ async fn settle(pods: &Api<Pod>, expected: usize) -> Vec<Pod> {
     }
 }
 
+/// The examples in two halves, one test each, so that two run at once (each example has a
+/// control plane of its own, mostly waited on).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_scheduler_and_simulate_place_the_same_pods() {
+    compare_with_kube_scheduler(&EXAMPLES[..EXAMPLES.len() / 2]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_scheduler_and_simulate_place_the_same_pods_second_half() {
+    compare_with_kube_scheduler(&EXAMPLES[EXAMPLES.len() / 2..]).await;
+}
+
+async fn compare_with_kube_scheduler(examples: &[&str]) {
     let mut report = Vec::new();
     // REFERENCE_EXAMPLES=a,b runs only those examples (for debugging one of them).
     let only = std::env::var("REFERENCE_EXAMPLES").ok();
-    for name in EXAMPLES {
+    for name in examples {
         if only
             .as_deref()
             .is_some_and(|o| !o.split(',').any(|x| x == *name))
@@ -261,6 +293,7 @@ async fn kube_scheduler_and_simulate_place_the_same_pods() {
             &simulate::Options {
                 scheduler_name: "dra-scheduler".into(),
                 all_schedulers: false,
+                features: all_gates(),
                 ..Default::default()
             },
             simulate::load(std::slice::from_ref(&dir)).unwrap(),
@@ -315,6 +348,16 @@ async fn kube_scheduler_and_simulate_place_the_same_pods() {
             "{name}: kube-scheduler {placed_by_reference:?}, simulate {placed_by_simulate:?}"
         ));
 
+        // The alpha examples' point is which devices: the same as kube-scheduler's.
+        if ALPHA_EXAMPLES.contains(name) {
+            let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
+            let theirs = claims.list(&ListParams::default()).await.unwrap().items;
+            assert_eq!(
+                allocated_devices(theirs.iter()),
+                allocated_devices(sim.engine.state().claims.values()),
+                "example {name}: kube-scheduler's devices vs simulate's"
+            );
+        }
         // simulate's allocations are valid claim status for the real API server.
         common::api_server_accepts_allocations(&cluster, &sim, name).await;
         drop(cluster);

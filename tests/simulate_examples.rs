@@ -726,3 +726,60 @@ fn rollout_handoff_with_the_wait_off_in_the_config_takes_a_t10_at_once() {
         ["gpu.nvidia.com/gpu-node-1/gpu-0"]
     );
 }
+
+/// The alpha examples, with the daemon's config that turns 1.37's alpha DRA gates on.
+fn with_alpha_gates(example: &str) -> Report {
+    simulate(&["--config", "examples/alpha-gates.yaml", example])
+}
+
+#[test]
+fn derived_attributes_align_a_gpu_and_a_nic_whose_drivers_name_the_pcie_root_differently() {
+    let r = with_alpha_gates("examples/derived-attributes");
+    assert_eq!(
+        r.devices("default/first-gpu"),
+        ["gpu.nvidia.com/node-1-gpus/gpu-0"]
+    );
+    assert_eq!(
+        r.devices("default/aligned-devices"),
+        [
+            "gpu.nvidia.com/node-1-gpus/gpu-1",
+            "nic.example.com/node-1-nics/nic-1"
+        ]
+    );
+    // With the gate off (1.37's default), the claim is refused, naming the feature.
+    let off = simulate(&["examples/derived-attributes"]);
+    assert_eq!(off.node("default/aligned"), None);
+    assert!(
+        off.message("default/aligned")
+            .contains("cannot handle request with derived attributes, the feature is disabled"),
+        "{}",
+        off.message("default/aligned")
+    );
+}
+
+#[test]
+fn compatibility_groups_keep_a_time_sliced_share_off_a_gpu_split_into_mig_instances() {
+    let r = with_alpha_gates("examples/compatibility-groups");
+    assert_eq!(
+        r.devices("default/training-gpu"),
+        ["gpu.nvidia.com/node-1/gpu-0-mig-0"]
+    );
+    assert_eq!(
+        r.devices("default/notebook-gpu"),
+        ["gpu.nvidia.com/node-1/gpu-1-shared-0"]
+    );
+}
+
+#[test]
+fn list_attributes_match_when_the_lists_share_a_value() {
+    let r = with_alpha_gates("examples/list-attributes");
+    assert_eq!(
+        r.devices("default/single-gpu"),
+        ["gpu.nvidia.com/node-1/gpu-0"]
+    );
+    assert_eq!(
+        r.devices("default/pair-gpus"),
+        ["gpu.nvidia.com/node-1/gpu-1", "gpu.nvidia.com/node-1/gpu-2"]
+    );
+    assert_eq!(r.node("default/another-pair"), None);
+}
