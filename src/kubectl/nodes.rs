@@ -1,10 +1,12 @@
 //! `kubectl dra nodes`: per node, its devices by driver, DeviceClass and product (total,
-//! allocated, free, tainted, on which NUMA nodes), and what the shared counters of its
-//! partitionable devices have left. Read from the engine's [`Inventory`].
+//! allocated, free, tainted, blocked by shared counters, on which NUMA nodes), and what the
+//! shared counters of its partitionable devices have left. Read from the engine's
+//! [`Inventory`].
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use dra_engine::ClusterState;
+use dra_engine::explain::short_counters;
 use dra_engine::inventory::{DeviceInfo, Inventory};
 use serde::Serialize;
 
@@ -37,6 +39,9 @@ pub struct DeviceGroup {
     pub allocated: usize,
     pub free: usize,
     pub tainted: usize,
+    /// Free, but the shared counters they draw on are used up (partitions of a device
+    /// whose other partitions, or the whole, are allocated).
+    pub blocked: usize,
     pub numa: Vec<i64>,
     pub pools: Vec<String>,
     pub free_devices: Vec<String>,
@@ -52,7 +57,7 @@ pub struct Device {
     pub product: Option<String>,
     pub numa: Option<i64>,
     pub classes: Vec<String>,
-    /// `free`, `allocated` or `tainted`.
+    /// `free`, `allocated`, `tainted` or `blocked` (by shared counters).
     pub state: &'static str,
     /// `namespace/name` of the claim it is allocated to.
     pub claim: Option<String>,
@@ -73,8 +78,8 @@ pub struct Counter {
     pub left: String,
 }
 
-impl From<&DeviceInfo> for Device {
-    fn from(d: &DeviceInfo) -> Device {
+impl Device {
+    fn of(d: &DeviceInfo, blocked: bool) -> Device {
         Device {
             driver: d.driver.clone(),
             pool: d.pool.clone(),
@@ -82,7 +87,7 @@ impl From<&DeviceInfo> for Device {
             product: d.product.clone(),
             numa: d.numa,
             classes: d.classes.clone(),
-            state: d.state(),
+            state: state(d, blocked),
             claim: d.claim.as_ref().map(|c| c.to_string()),
             reserved_for: d.reserved_for.clone(),
             taints: d.taints.clone(),
@@ -103,18 +108,25 @@ pub fn nodes(
     if selected.is_none() && inventory.devices.iter().any(|d| d.node.is_none()) {
         names.insert(String::new());
     }
+    let short = short_counters(state, inventory);
+    let blocked: Vec<bool> = short.iter().map(|s| !s.is_empty()).collect();
     names
         .into_iter()
         .filter(|n| selected.is_none_or(|s| s.contains(n)))
-        .map(|name| node(inventory, name))
+        .map(|name| node(inventory, &blocked, name))
         .collect()
 }
 
-fn node(inventory: &Inventory, name: String) -> NodeDevices {
+fn node(inventory: &Inventory, blocked: &[bool], name: String) -> NodeDevices {
     let here = |node: &Option<String>| node.as_deref().unwrap_or_default() == name;
-    let devices: Vec<&DeviceInfo> = inventory.devices.iter().filter(|d| here(&d.node)).collect();
+    let devices: Vec<(&DeviceInfo, bool)> = inventory
+        .devices
+        .iter()
+        .zip(blocked.iter().copied())
+        .filter(|(d, _)| here(&d.node))
+        .collect();
     let mut groups: BTreeMap<(String, String, String), DeviceGroup> = BTreeMap::new();
-    for d in &devices {
+    for &(d, blocked) in &devices {
         let classes = if d.classes.is_empty() {
             vec![String::new()]
         } else {
@@ -132,15 +144,17 @@ fn node(inventory: &Inventory, name: String) -> NodeDevices {
                     allocated: 0,
                     free: 0,
                     tainted: 0,
+                    blocked: 0,
                     numa: Vec::new(),
                     pools: Vec::new(),
                     free_devices: Vec::new(),
                     taints: Vec::new(),
                 });
             g.total += 1;
-            match d.state() {
+            match state(d, blocked) {
                 "allocated" => g.allocated += 1,
                 "tainted" => g.tainted += 1,
+                "blocked" => g.blocked += 1,
                 _ => {
                     g.free += 1;
                     g.free_devices.push(d.name.clone());
@@ -157,7 +171,7 @@ fn node(inventory: &Inventory, name: String) -> NodeDevices {
     for g in &mut groups {
         g.numa.sort();
     }
-    let numa_domains: BTreeSet<i64> = devices.iter().filter_map(|d| d.numa).collect();
+    let numa_domains: BTreeSet<i64> = devices.iter().filter_map(|(d, _)| d.numa).collect();
     NodeDevices {
         counters: inventory
             .counters
@@ -175,7 +189,15 @@ fn node(inventory: &Inventory, name: String) -> NodeDevices {
         name,
         numa_domains: numa_domains.into_iter().collect(),
         groups,
-        devices: devices.into_iter().map(Device::from).collect(),
+        devices: devices.into_iter().map(|(d, b)| Device::of(d, b)).collect(),
+    }
+}
+
+/// The inventory's state, and `blocked` for a free device its counters do not allow.
+fn state(d: &DeviceInfo, blocked: bool) -> &'static str {
+    match d.state() {
+        "free" if blocked => "blocked",
+        state => state,
     }
 }
 
@@ -199,6 +221,7 @@ pub fn table(nodes: &[NodeDevices], wide: bool) -> String {
         "allocated",
         "free",
         "tainted",
+        "blocked",
         "numa",
     ];
     if wide {
@@ -217,7 +240,7 @@ pub fn table(nodes: &[NodeDevices], wide: bool) -> String {
     for node in nodes {
         if node.groups.is_empty() {
             let mut row = vec![node.name.clone(), NONE.into(), NONE.into(), NONE.into()];
-            row.extend(["0", "0", "0", "0"].map(String::from));
+            row.extend(["0", "0", "0", "0", "0"].map(String::from));
             row.push(NONE.into());
             if wide {
                 row.extend([NONE, NONE, NONE].map(String::from));
@@ -235,6 +258,7 @@ pub fn table(nodes: &[NodeDevices], wide: bool) -> String {
                 g.allocated.to_string(),
                 g.free.to_string(),
                 g.tainted.to_string(),
+                g.blocked.to_string(),
                 list(&numa),
             ];
             if wide {
@@ -296,19 +320,19 @@ mod tests {
         assert_eq!(
             table(&report, false),
             "\
-NODE         DRIVER            CLASS    PRODUCT     TOTAL   ALLOCATED   FREE   TAINTED   NUMA
-cpu-node     <none>            <none>   <none>      0       0           0      0         <none>
-gpu-node-1   gpu.example.com   gpu      RTX A5000   1       0           1      0         0
-gpu-node-1   gpu.example.com   gpu      T10         3       1           1      1         0,1
+NODE         DRIVER            CLASS    PRODUCT     TOTAL   ALLOCATED   FREE   TAINTED   BLOCKED   NUMA
+cpu-node     <none>            <none>   <none>      0       0           0      0         0         <none>
+gpu-node-1   gpu.example.com   gpu      RTX A5000   1       0           1      0         0         0
+gpu-node-1   gpu.example.com   gpu      T10         3       1           1      1         0         0,1
 "
         );
         assert_eq!(
             table(&report, true),
             "\
-NODE         DRIVER            CLASS    PRODUCT     TOTAL   ALLOCATED   FREE   TAINTED   NUMA     POOL         FREE DEVICES   TAINTS
-cpu-node     <none>            <none>   <none>      0       0           0      0         <none>   <none>       <none>         <none>
-gpu-node-1   gpu.example.com   gpu      RTX A5000   1       0           1      0         0        gpu-node-1   gpu-0          <none>
-gpu-node-1   gpu.example.com   gpu      T10         3       1           1      1         0,1      gpu-node-1   gpu-3          fan=bad:NoSchedule
+NODE         DRIVER            CLASS    PRODUCT     TOTAL   ALLOCATED   FREE   TAINTED   BLOCKED   NUMA     POOL         FREE DEVICES   TAINTS
+cpu-node     <none>            <none>   <none>      0       0           0      0         0         <none>   <none>       <none>         <none>
+gpu-node-1   gpu.example.com   gpu      RTX A5000   1       0           1      0         0         0        gpu-node-1   gpu-0          <none>
+gpu-node-1   gpu.example.com   gpu      T10         3       1           1      1         0         0,1      gpu-node-1   gpu-3          fan=bad:NoSchedule
 "
         );
         assert_eq!(report[1].numa_domains, [0, 1]);
@@ -331,7 +355,11 @@ gpu-node-1   gpu.example.com   gpu      T10         3       1           1      1
                 "spec": {"driver": DRIVER, "nodeName": "n1",
                     "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
                     "sharedCounters": [{"name": "gpu-0", "counters": {"memory": {"value": "40Gi"}}}],
-                    "devices": [partition("mig-0", "10Gi"), partition("mig-1", "20Gi")]}
+                    "devices": [
+                        partition("mig-0", "10Gi"),
+                        partition("mig-1", "20Gi"),
+                        partition("whole", "40Gi"),
+                    ]}
             })),
             allocated(
                 claim("a", one_gpu(&[])),
@@ -345,13 +373,15 @@ gpu-node-1   gpu.example.com   gpu      T10         3       1           1      1
         assert_eq!(
             table(&report, false),
             "\
-NODE   DRIVER            CLASS   PRODUCT    TOTAL   ALLOCATED   FREE   TAINTED   NUMA
-n1     gpu.example.com   gpu     A100 MIG   2       1           1      0         <none>
+NODE   DRIVER            CLASS   PRODUCT    TOTAL   ALLOCATED   FREE   TAINTED   BLOCKED   NUMA
+n1     gpu.example.com   gpu     A100 MIG   3       1           1      0         1         <none>
 
 NODE   DRIVER            POOL   COUNTER SET   COUNTER   TOTAL   LEFT
 n1     gpu.example.com   n1     gpu-0         memory    40Gi    20Gi
 "
         );
         assert!(report[0].devices.iter().all(|d| d.partition));
+        let states: Vec<_> = report[0].devices.iter().map(|d| d.state).collect();
+        assert_eq!(states, ["free", "allocated", "blocked"]);
     }
 }

@@ -112,11 +112,13 @@ pub struct RequestOnNode {
 #[serde(rename_all = "camelCase")]
 pub struct DeviceUse {
     pub device: String,
-    /// `free`, `allocated` or `tainted`.
+    /// `free`, `allocated`, `tainted` or `blocked` (by shared counters).
     pub state: String,
     /// Who holds it: the pods (or PodGroups) its claim is reserved for, else the claim.
     pub holder: Option<String>,
     pub taints: Vec<String>,
+    /// For a blocked device: each counter short, and who uses that counter set.
+    pub counters: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -415,13 +417,16 @@ fn request_on_node(
             let (state, holder) = match &info.claim {
                 Some(claim) => ("allocated", Some(holder(claim, &info.reserved_for))),
                 None if !v.untolerated.is_empty() => ("tainted", None),
+                None if !v.short_counters.is_empty() => ("blocked", None),
                 None => ("free", None),
             };
+            let counters = counters_short(v, inventory);
             DeviceUse {
                 device: info.name.clone(),
                 state: state.into(),
                 holder,
                 taints: v.untolerated.clone(),
+                counters,
             }
         })
         .collect();
@@ -464,6 +469,41 @@ fn request_on_node(
         matching,
         rejected,
     }
+}
+
+/// Per counter set a device is short of: the counters short, then who uses the set.
+fn counters_short(v: &DeviceVerdict, inventory: &Inventory) -> Vec<String> {
+    let mut by_set: BTreeMap<&str, (Vec<String>, &[usize])> = BTreeMap::new();
+    for c in &v.short_counters {
+        let (set, counter) = c.counter.split_once('/').unwrap_or(("", &c.counter));
+        let entry = by_set.entry(set).or_insert((Vec::new(), &c.used_by));
+        entry
+            .0
+            .push(format!("{counter} needs {}, {} left", c.needs, c.left));
+    }
+    by_set
+        .into_iter()
+        .map(|(set, (short, used_by))| {
+            let users: Vec<String> = used_by
+                .iter()
+                .map(|&i| {
+                    let user = &inventory.devices[i];
+                    match &user.claim {
+                        Some(claim) => {
+                            format!("{} for {}", user.name, holder(claim, &user.reserved_for))
+                        }
+                        None => user.name.clone(),
+                    }
+                })
+                .collect();
+            let used = if users.is_empty() {
+                String::new()
+            } else {
+                format!("; used by {}", named(&users, DEVICES_NAMED))
+            };
+            format!("{set}: {}{used}", named(&short, 2))
+        })
+        .collect()
 }
 
 /// Who holds a device allocated to `claim`: the pods (`namespace/name`) or PodGroups its
@@ -945,6 +985,11 @@ fn request_lines(r: &RequestOnNode) -> Vec<String> {
                     (None, "tainted") => {
                         format!("{} tainted ({})", u.device, u.taints.join(", "))
                     }
+                    (None, "blocked") => format!(
+                        "{} blocked by shared counters ({})",
+                        u.device,
+                        u.counters.join("; ")
+                    ),
                     (None, state) => format!("{} {state}", u.device),
                 })
                 .collect();

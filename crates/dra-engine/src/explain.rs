@@ -12,10 +12,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use dra_cel::{DeviceRef, Environment};
+use dra_cel::{DeviceRef, Environment, Quantity};
 use k8s_openapi::api::resource::v1::{Device, DeviceSelector, DeviceToleration, ResourceClaim};
 
-use crate::inventory::Inventory;
+use crate::inventory::{DeviceInfo, Inventory};
 use crate::state::{ClusterState, ObjectKey};
 
 /// One request (or one subrequest of a `firstAvailable` list) of a claim, and what it makes
@@ -47,6 +47,21 @@ pub struct DeviceVerdict {
     /// The attributes and capacities the selectors read, with this device's values
     /// (`("memory", "16Gi")`), in the order the selectors name them.
     pub reads: Vec<(String, String)>,
+    /// Shared counters it would draw more of than its pool has left (a partition whose
+    /// siblings are allocated); none for an allocated device.
+    pub short_counters: Vec<CounterShortfall>,
+}
+
+/// One shared counter a device needs more of than is left.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CounterShortfall {
+    /// `counterSet/counter`.
+    pub counter: String,
+    pub needs: String,
+    pub left: String,
+    /// The allocated devices (indices into [`Inventory::devices`]) that draw on the same
+    /// counter set.
+    pub used_by: Vec<usize>,
 }
 
 impl DeviceVerdict {
@@ -55,10 +70,12 @@ impl DeviceVerdict {
         self.rejected_by.is_none()
     }
 
-    /// It matches, is allocated to no claim and has no taint the request does not tolerate.
+    /// It matches, is allocated to no claim, has no taint the request does not tolerate and
+    /// its shared counters allow it.
     pub fn usable(&self, inventory: &Inventory) -> bool {
         self.matches()
             && self.untolerated.is_empty()
+            && self.short_counters.is_empty()
             && inventory.devices[self.device].claim.is_none()
     }
 }
@@ -86,6 +103,7 @@ pub fn requests(
 ) -> Vec<RequestDevices> {
     let key = ObjectKey::of(&claim.metadata);
     let devices = devices_by_id(state);
+    let counters = Counters::of(inventory, &devices);
     let env = Environment::default();
     let mut out = Vec::new();
     let requests = claim
@@ -116,7 +134,7 @@ pub fn requests(
             });
         }
         for entry in entries {
-            out.push(entry.devices(&key, &env, inventory, &devices));
+            out.push(entry.devices(&key, &env, inventory, &devices, &counters));
         }
     }
     out
@@ -139,6 +157,7 @@ impl Entry<'_> {
         env: &Environment,
         inventory: &Inventory,
         by_id: &HashMap<String, (&str, &Device)>,
+        counters: &Counters,
     ) -> RequestDevices {
         let selectors: Vec<String> = self
             .selectors
@@ -186,6 +205,10 @@ impl Entry<'_> {
                     .cloned()
                     .collect(),
                 reads,
+                short_counters: match info.claim {
+                    Some(_) => Vec::new(),
+                    None => counters.short(info, device),
+                },
             });
         }
         RequestDevices {
@@ -199,6 +222,94 @@ impl Entry<'_> {
             selectors,
             devices: verdicts,
         }
+    }
+}
+
+/// Per device of the inventory (same order), the shared counters it would draw more of
+/// than its pool has left: a free partition that cannot be allocated now. Empty for an
+/// allocated device and one on no counters.
+pub fn short_counters(state: &ClusterState, inventory: &Inventory) -> Vec<Vec<CounterShortfall>> {
+    let devices = devices_by_id(state);
+    let counters = Counters::of(inventory, &devices);
+    inventory
+        .devices
+        .iter()
+        .map(|info| match (&info.claim, devices.get(&info.id())) {
+            (None, Some((_, device))) => counters.short(info, device),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+/// What the shared counters of each pool have left, and who draws on each counter set.
+struct Counters {
+    /// `(driver, pool, set, counter)` -> left.
+    left: HashMap<(String, String, String, String), Quantity>,
+    /// `(driver, pool, set)` -> allocated devices (inventory indices) that draw on it.
+    users: HashMap<(String, String, String), Vec<usize>>,
+}
+
+impl Counters {
+    fn of(inventory: &Inventory, by_id: &HashMap<String, (&str, &Device)>) -> Counters {
+        let left = inventory
+            .counters
+            .iter()
+            .filter_map(|c| {
+                let key = (
+                    c.driver.clone(),
+                    c.pool.clone(),
+                    c.counter_set.clone(),
+                    c.counter.clone(),
+                );
+                Some((key, c.left.parse().ok()?))
+            })
+            .collect();
+        let mut users: HashMap<_, Vec<usize>> = HashMap::new();
+        for (index, info) in inventory.devices.iter().enumerate() {
+            let Some((_, device)) = by_id.get(&info.id()).filter(|_| info.claim.is_some()) else {
+                continue;
+            };
+            for consumption in device.consumes_counters.iter().flatten() {
+                let key = (
+                    info.driver.clone(),
+                    info.pool.clone(),
+                    consumption.counter_set.clone(),
+                );
+                users.entry(key).or_default().push(index);
+            }
+        }
+        Counters { left, users }
+    }
+
+    /// The counters `device` needs more of than is left.
+    fn short(&self, info: &DeviceInfo, device: &Device) -> Vec<CounterShortfall> {
+        let mut out = Vec::new();
+        for consumption in device.consumes_counters.iter().flatten() {
+            let set = &consumption.counter_set;
+            for (counter, value) in &consumption.counters {
+                let key = (
+                    info.driver.clone(),
+                    info.pool.clone(),
+                    set.clone(),
+                    counter.clone(),
+                );
+                let (Ok(needs), Some(left)) =
+                    (Quantity::from_openapi(&value.value), self.left.get(&key))
+                else {
+                    continue;
+                };
+                if needs > *left {
+                    let users = (info.driver.clone(), info.pool.clone(), set.clone());
+                    out.push(CounterShortfall {
+                        counter: format!("{set}/{counter}"),
+                        needs: needs.to_string(),
+                        left: left.to_string(),
+                        used_by: self.users.get(&users).cloned().unwrap_or_default(),
+                    });
+                }
+            }
+        }
+        out
     }
 }
 
@@ -437,6 +548,64 @@ mod tests {
         assert_eq!(names, [("gpu/big", None), ("gpu/any", Some(1))]);
         assert_eq!(requests[0].devices[1].untolerated.len(), 1);
         assert!(requests[1].devices[1].usable(&inventory), "tolerated");
+    }
+
+    #[test]
+    fn a_partition_whose_siblings_took_the_counters_names_them() {
+        let class = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "gpu"}, "spec": {}
+        }))
+        .unwrap();
+        let partition = |name: &str, memory: &str| {
+            serde_json::json!({"name": name, "consumesCounters": [
+                {"counterSet": "gpu-0", "counters": {"memory": {"value": memory}}}]})
+        };
+        let slice = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1"},
+            "spec": {"driver": "d", "nodeName": "n1",
+                "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+                "sharedCounters": [{"name": "gpu-0", "counters": {"memory": {"value": "40Gi"}}}],
+                "devices": [partition("whole", "40Gi"), partition("half", "20Gi")]}
+        }))
+        .unwrap();
+        let taken = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "taken", "namespace": "ns"},
+            "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu"}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "r", "driver": "d", "pool": "n1", "device": "half"}]}}}
+        }))
+        .unwrap();
+        let state = ClusterState::new(ClusterInput {
+            classes: vec![class],
+            slices: vec![slice],
+            claims: vec![taken],
+            ..Default::default()
+        });
+        let inventory = Inventory::of(&state);
+        let wanted = claim(serde_json::json!({"name": "r", "exactly": {"deviceClassName": "gpu"}}));
+        let r = &requests(&state, &inventory, &wanted)[0];
+        let whole = r
+            .devices
+            .iter()
+            .find(|v| inventory.devices[v.device].name == "whole")
+            .unwrap();
+        assert_eq!(whole.short_counters.len(), 1);
+        let short = &whole.short_counters[0];
+        assert_eq!(
+            (
+                short.counter.as_str(),
+                short.needs.as_str(),
+                short.left.as_str()
+            ),
+            ("gpu-0/memory", "40Gi", "20Gi")
+        );
+        let users: Vec<&str> = short
+            .used_by
+            .iter()
+            .map(|&i| inventory.devices[i].name.as_str())
+            .collect();
+        assert_eq!(users, ["half"]);
+        assert!(!whole.usable(&inventory));
     }
 
     #[test]
