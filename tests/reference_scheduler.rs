@@ -397,7 +397,20 @@ fn allocated_devices<'a>(claims: impl Iterator<Item = &'a ResourceClaim>) -> Vec
 /// kube-controller-manager, status written by the daemon and accepted by the API server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dra_scheduler_run_places_like_simulate() {
-    for name in LIVE_EXAMPLES {
+    run_like_simulate(LIVE_EXAMPLES, &[], dra_engine::Features::default()).await;
+}
+
+/// The alpha examples by the live daemon with the alpha gates on (`featureGates:` in its
+/// config), on the same devices as simulate, which are kube-scheduler's (above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_scheduler_run_with_the_alpha_gates_places_like_simulate() {
+    let config = example("alpha-gates.yaml");
+    let config = config.to_str().unwrap();
+    run_like_simulate(ALPHA_EXAMPLES, &["--config", config], all_gates()).await;
+}
+
+async fn run_like_simulate(examples: &[&str], extra: &[&str], features: dra_engine::Features) {
+    for name in examples {
         eprintln!("example {name}");
         let cluster = TestCluster::dedicated();
         let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_dra-scheduler"))
@@ -408,6 +421,7 @@ async fn dra_scheduler_run_places_like_simulate() {
                 "127.0.0.1:0",
                 "--leader-elect=false",
             ])
+            .args(extra)
             // Its log is on stderr: warnings only, unless RUST_LOG asks for more.
             .env(
                 "RUST_LOG",
@@ -423,6 +437,7 @@ async fn dra_scheduler_run_places_like_simulate() {
             &simulate::Options {
                 scheduler_name: "dra-scheduler".into(),
                 all_schedulers: false,
+                features: features.clone(),
                 ..Default::default()
             },
             simulate::load(std::slice::from_ref(&dir)).unwrap(),
