@@ -12,7 +12,7 @@ use dra_scheduler::kubectl::{self, claims, live, nodes, why};
 
 /// What the cluster's DRA devices are doing, and why a pod does not fit.
 #[derive(Parser, Debug)]
-#[command(name = "kubectl-dra", bin_name = "kubectl dra", version, about)]
+#[command(name = "kubectl-dra", bin_name = "kubectl dra", version)]
 struct Cli {
     /// The kubeconfig (default: KUBECONFIG, ~/.kube/config, in-cluster).
     #[arg(long, global = true, value_name = "FILE")]
@@ -29,8 +29,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Per node: devices by driver, class and product (total, allocated, free, tainted),
-    /// their NUMA nodes, and the shared counters partitionable devices have left.
+    /// Per node: devices by driver, class and product (total, allocated, free, tainted,
+    /// blocked by shared counters), their NUMA nodes, and the shared counters
+    /// partitionable devices have left.
     Nodes {
         /// Only nodes with these labels (a label selector, as `kubectl get -l`).
         #[arg(short = 'l', long)]
@@ -55,7 +56,7 @@ enum Command {
         /// profile, filter timeout and preemption switch.
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
-        /// `json` or `yaml` for structured output (default: text).
+        /// `json` or `yaml` for structured output (default and `wide`: text).
         #[arg(short, long, value_enum)]
         output: Option<Format>,
     },

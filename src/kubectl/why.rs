@@ -553,9 +553,11 @@ fn preemption(
         }
     };
     let mut others = Vec::new();
+    let started = std::time::Instant::now();
     let candidates = engine.state().nodes.keys().filter(|n| **n != chosen.node);
     for name in candidates.take(NODES_TRIED_FOR_PREEMPTION) {
-        if others.len() >= OTHER_PREEMPTIONS {
+        // The other nodes are a courtesy: they get one search budget between them.
+        if others.len() >= OTHER_PREEMPTIONS || started.elapsed() > budget {
             break;
         }
         let mut fork = engine.fork();
