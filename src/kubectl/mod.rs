@@ -41,12 +41,5 @@ pub fn engine_config(config: Option<&Path>) -> Result<EngineConfig, String> {
         ..Default::default()
     })
     .map_err(|e| e.to_string())?;
-    Ok(EngineConfig {
-        scheduler_name: c.scheduler_name,
-        percentage_of_nodes_to_score: c.percentage_of_nodes_to_score,
-        profile: c.profile,
-        filter_timeout: c.filter_timeout,
-        preemption: c.preemption,
-        ..Default::default()
-    })
+    Ok(c.engine_config())
 }

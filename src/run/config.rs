@@ -427,6 +427,18 @@ pub struct Config {
 }
 
 impl Config {
+    /// What the engine is told of these settings.
+    pub fn engine_config(&self) -> dra_engine::EngineConfig {
+        dra_engine::EngineConfig {
+            scheduler_name: self.scheduler_name.clone(),
+            percentage_of_nodes_to_score: self.percentage_of_nodes_to_score,
+            profile: self.profile.clone(),
+            filter_timeout: self.filter_timeout,
+            preemption: self.preemption,
+            features: self.features.clone(),
+        }
+    }
+
     pub fn resolve(args: RunArgs) -> Result<Config, String> {
         let (file, profile) = match &args.config {
             Some(path) => read_file(path, args.scheduler_name.as_deref())

@@ -36,8 +36,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use dra_engine::group::GroupDecision;
 use dra_engine::{
-    ClusterInput, ClusterState, Decision, Engine, EngineConfig, GroupPreemption, ObjectKey,
-    Placement, Preemption,
+    ClusterInput, ClusterState, Decision, Engine, GroupPreemption, ObjectKey, Placement, Preemption,
 };
 use futures::stream::{BoxStream, SelectAll, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, ObjectReference, Pod};
@@ -1794,17 +1793,7 @@ async fn joined<T>(lane: &mut Option<Running<T>>) -> Result<T, tokio::task::Join
 }
 
 fn engine_for(config: &Config) -> Engine {
-    Engine::new(
-        EngineConfig {
-            scheduler_name: config.scheduler_name.clone(),
-            percentage_of_nodes_to_score: config.percentage_of_nodes_to_score,
-            profile: config.profile.clone(),
-            filter_timeout: config.filter_timeout,
-            preemption: config.preemption,
-            features: config.features.clone(),
-        },
-        ClusterInput::default(),
-    )
+    Engine::new(config.engine_config(), ClusterInput::default())
 }
 
 fn recorder(client: &Client, config: &Config) -> Recorder {
@@ -2362,7 +2351,7 @@ mod tests {
             "spec": {"schedulerName": "dra-scheduler", "containers": [{"name": "c"}]}}))
         .unwrap();
         let mut engine = Engine::new(
-            EngineConfig::default(),
+            dra_engine::EngineConfig::default(),
             ClusterInput {
                 nodes: vec![node],
                 pods: vec![pod],
