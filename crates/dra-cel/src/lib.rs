@@ -241,45 +241,49 @@ impl Selector {
 
     /// Evaluate against one device: `Ok(true)` when it selects the device.
     pub fn matches(&self, device: DeviceRef<'_>) -> Result<bool, CelError> {
-        let outcome = if self.depth > SHALLOW_AST_DEPTH {
-            // Deep expressions recurse deeper than a caller's thread may allow.
-            on_big_stack(|| self.evaluate(device)).ok_or(())
-        } else {
-            catch_unwind(AssertUnwindSafe(|| self.evaluate(device))).map_err(|_| ())
-        };
-        match outcome {
-            Ok(Ok(b)) => Ok(b),
-            Ok(Err((kind, message))) => Err(CelError::new(kind, &self.expression, None, message)),
-            Err(()) => Err(CelError::new(
-                CelErrorKind::Runtime,
-                &self.expression,
-                None,
-                "internal error: the CEL interpreter panicked".into(),
+        self.run(device, |v| match v.downcast_ref::<CelBool>() {
+            Some(b) => Ok(*b.inner()),
+            None => Err((
+                CelErrorKind::NotBool,
+                format!("expression evaluated to {}, not bool", v.get_type().name()),
             )),
-        }
+        })
     }
 
     /// Evaluate a derived attribute's expression (compiled with
     /// [`Environment::compile_derived`]) against one device: the attribute it yields.
     pub fn attribute(&self, device: DeviceRef<'_>) -> Result<DeviceAttribute, CelError> {
-        let run = || {
+        self.run(device, |v| {
+            values::to_attribute(v).map_err(|m| (CelErrorKind::Runtime, m))
+        })
+    }
+
+    /// Evaluates against `device` and reads the result with `read`; deep expressions on a
+    /// thread with a big stack, a panic in the interpreter an error naming the expression.
+    fn run<T: Send>(
+        &self,
+        device: DeviceRef<'_>,
+        read: impl Fn(&dyn cel::common::value::Val) -> Result<T, (CelErrorKind, String)> + Send + Sync,
+    ) -> Result<T, CelError> {
+        let evaluate = || {
             let resolver = DeviceResolver(device::DeviceVal::new(device));
             let mut ctx = Context::with_env(Arc::clone(&self.env));
             ctx.set_variable_resolver(&resolver);
             match eval::Evaluator::new(&resolver.0, &self.comprehensions, &self.constants)
                 .eval(&self.program, &ctx)
             {
-                Ok(v) => values::to_attribute(&*v).map_err(|m| (CelErrorKind::Runtime, m)),
+                Ok(v) => read(&*v),
                 Err(e) => Err((CelErrorKind::Runtime, runtime_message(&e))),
             }
         };
         let outcome = if self.depth > SHALLOW_AST_DEPTH {
-            on_big_stack(run).ok_or(())
+            // Deep expressions recurse deeper than a caller's thread may allow.
+            on_big_stack(evaluate).ok_or(())
         } else {
-            catch_unwind(AssertUnwindSafe(run)).map_err(|_| ())
+            catch_unwind(AssertUnwindSafe(evaluate)).map_err(|_| ())
         };
         match outcome {
-            Ok(Ok(a)) => Ok(a),
+            Ok(Ok(value)) => Ok(value),
             Ok(Err((kind, message))) => Err(CelError::new(kind, &self.expression, None, message)),
             Err(()) => Err(CelError::new(
                 CelErrorKind::Runtime,
@@ -287,24 +291,6 @@ impl Selector {
                 None,
                 "internal error: the CEL interpreter panicked".into(),
             )),
-        }
-    }
-
-    fn evaluate(&self, device: DeviceRef<'_>) -> Result<bool, (CelErrorKind, String)> {
-        let resolver = DeviceResolver(device::DeviceVal::new(device));
-        let mut ctx = Context::with_env(Arc::clone(&self.env));
-        ctx.set_variable_resolver(&resolver);
-        match eval::Evaluator::new(&resolver.0, &self.comprehensions, &self.constants)
-            .eval(&self.program, &ctx)
-        {
-            Ok(v) => match v.downcast_ref::<CelBool>() {
-                Some(b) => Ok(*b.inner()),
-                None => Err((
-                    CelErrorKind::NotBool,
-                    format!("expression evaluated to {}, not bool", v.get_type().name()),
-                )),
-            },
-            Err(e) => Err((CelErrorKind::Runtime, runtime_message(&e))),
         }
     }
 }

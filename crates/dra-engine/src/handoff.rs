@@ -248,23 +248,22 @@ fn device_names(allocation: &AllocationResult) -> impl Iterator<Item = String> +
 
 /// The allocated claims reserved for this pod and nobody else.
 fn own_claims(state: &ClusterState, pod: &Pod) -> Vec<(ObjectKey, ResourceClaim)> {
-    let name = pod.metadata.name.as_deref().unwrap_or_default();
-    let Ok(keys) = claims::of_pod(pod, state) else {
-        return Vec::new();
-    };
-    keys.into_iter()
-        .filter_map(|k| Some((k.clone(), state.claims.get(&k)?.clone())))
-        .filter(|(_, c)| {
-            claims::allocation(c).is_some()
-                && claims::reserved_only_for(c, name, pod.metadata.uid.as_deref())
-        })
-        .collect()
+    allocated_claims(state, pod, false)
 }
 
 /// The allocated claims a finishing pod leaves: reserved for it alone, or already for
 /// nobody (kube-controller-manager takes a finished pod out of `reservedFor` before it
 /// deletes or deallocates the claim).
 fn claims_left_by(state: &ClusterState, pod: &Pod) -> Vec<(ObjectKey, ResourceClaim)> {
+    allocated_claims(state, pod, true)
+}
+
+/// The pod's allocated claims reserved for it alone (or, with `unreserved`, for nobody).
+fn allocated_claims(
+    state: &ClusterState,
+    pod: &Pod,
+    unreserved: bool,
+) -> Vec<(ObjectKey, ResourceClaim)> {
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     let Ok(keys) = claims::of_pod(pod, state) else {
         return Vec::new();
@@ -273,7 +272,7 @@ fn claims_left_by(state: &ClusterState, pod: &Pod) -> Vec<(ObjectKey, ResourceCl
         .filter_map(|k| Some((k.clone(), state.claims.get(&k)?.clone())))
         .filter(|(_, c)| {
             claims::allocation(c).is_some()
-                && (claims::reserved_for(c).is_empty()
+                && ((unreserved && claims::reserved_for(c).is_empty())
                     || claims::reserved_only_for(c, name, pod.metadata.uid.as_deref()))
         })
         .collect()
