@@ -1369,8 +1369,15 @@ fn rollouts(e2e: &E2e<'_>, product: &dyn Fn(&str) -> String, scrape: &dyn Fn() -
         "template change".into(),
         product(&w.device),
     ));
-    // And `kubectl rollout restart` from the A5000: its next pod gets the free A5000, the
-    // restart's replacement the T10.
+    // And `kubectl rollout restart` from the A5000: its next pod gets the free A5000 (once
+    // the claim of our last pod there is gone), the restart's replacement the T10.
+    wait("the A5000's last claim to go", 120, || {
+        (!e2e
+            .claims()
+            .iter()
+            .any(|c| c["metadata"]["uid"] == z2.claim_uid.as_str()))
+        .then_some(())
+    });
     kube.run(&["-n", NS, "rollout", "restart", "deployment/inference"]);
     let w2 = next("kube-scheduler's pod on the free A5000", &[&w.pod], 120);
     assert_eq!(product(&w2.device), "NVIDIA RTX A5000", "{w2:?}");
