@@ -783,3 +783,22 @@ fn list_attributes_match_when_the_lists_share_a_value() {
     );
     assert_eq!(r.node("default/another-pair"), None);
 }
+
+#[test]
+fn devices_that_skip_node_operations_go_only_to_a_node_that_declares_it_can() {
+    let r = with_alpha_gates("examples/optional-node-operations");
+    assert_eq!(r.node("default/first"), Some("node-a"));
+    let results = &r.claim("default/first-fpga")["allocation"]["devices"]["results"][0];
+    assert_eq!(
+        results["skipNodeOperations"],
+        serde_json::json!(["Prepare"])
+    );
+    assert_eq!(r.node("default/second"), None);
+    assert!(
+        r.message("default/second").contains(
+            "1 skip node operations (skipNodeOperations) the node does not declare it can skip (DRAOptionalNodeOperations)"
+        ),
+        "{}",
+        r.message("default/second")
+    );
+}

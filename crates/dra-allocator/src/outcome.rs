@@ -138,6 +138,9 @@ pub struct RequestExplanation {
     /// which this scheduler does not account for: never allocated rather than overcommit
     /// the node's CPU or memory.
     pub node_allocatable: usize,
+    /// Excluded because their slice skips node operations (DRAOptionalNodeOperations) and
+    /// the node does not declare the feature (or the gate is off).
+    pub node_operations: usize,
     /// Usable now, before constraints.
     pub available: usize,
 }
@@ -163,6 +166,10 @@ impl fmt::Display for RequestExplanation {
             (
                 self.node_allocatable,
                 "map nodeAllocatableResources (DRANodeAllocatableResources), which dra-scheduler does not support",
+            ),
+            (
+                self.node_operations,
+                "skip node operations (skipNodeOperations) the node does not declare it can skip (DRAOptionalNodeOperations)",
             ),
         ];
         for (n, what) in parts {

@@ -713,18 +713,17 @@ impl<'a> NodeRun<'a> {
                 }
             }
             let (_, api_device) = self.snap.device(d.entry);
-            if api_device
+            // Not supported (DRANodeAllocatableResources): never allocated, said so.
+            let maps_node_resources = api_device
                 .node_allocatable_resources
                 .as_ref()
-                .is_some_and(|m| !m.is_empty())
-            {
-                st.node_allocatable += 1;
-                continue;
-            }
+                .is_some_and(|m| !m.is_empty());
+            let node_operations = !self.node_operations_allow(d.entry);
             let tainted = features.device_taints && taint_blocks(&entry.taints, &r.tolerations);
             let unusable = entry.broken.is_some()
                 || (!features.partitionable_devices && !entry.counters.is_empty())
-                || !self.node_operations_allow(d.entry);
+                || node_operations
+                || maps_node_resources;
             let mut need = None;
             if features.consumable_capacity {
                 let computed = match (&r.capacity, &entry.unrequested) {
@@ -783,6 +782,8 @@ impl<'a> NodeRun<'a> {
                 continue;
             }
             if unusable {
+                st.node_allocatable += usize::from(maps_node_resources);
+                st.node_operations += usize::from(node_operations);
                 continue;
             }
             if !r.all {
