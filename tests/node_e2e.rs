@@ -1278,8 +1278,12 @@ fn rollouts(e2e: &E2e<'_>, product: &dyn Fn(&str) -> String, scrape: &dyn Fn() -
     wait("the pods and claims to go", 120, || {
         (kube.items(&["-n", NS, "get", "pods"]).is_empty() && e2e.claims().is_empty()).then_some(())
     });
+    // The old pods hold their device for 10 s after their deletion (the container ignores
+    // SIGTERM; kubelet kills it when the grace period ends), so that each replacement is
+    // placed while its predecessor still terminates: with 1 s, a CI run saw the A5000
+    // released before the replacement's first attempt, and nothing to wait for.
     patch(
-        r#"{"spec": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}}}"#,
+        r#"{"spec": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}, "template": {"spec": {"terminationGracePeriodSeconds": 10}}}}"#,
     );
     e2e.scale(1);
     let x = next("the rollout's first pod", &[], 120);
