@@ -25,7 +25,7 @@ use test_cluster::{TestCluster, eventually};
 
 mod common;
 use common::{
-    apply, devices, events_about, kubectl_apply_text, kubectl_ok, node_of, scrape,
+    Daemon, apply, devices, events_about, kubectl_apply_text, kubectl_ok, node_of, scrape,
     start_scheduler_with,
 };
 
@@ -184,20 +184,28 @@ fn metric_line(text: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rollouts_replacement_waits_for_the_a5000_where_kube_scheduler_gives_it_the_t10() {
+/// A cluster with the A5000/T10 node, dra-scheduler with the config `yaml`, and the
+/// Deployment `web` (opted out of the wait when `opt_out`) whose first pod got the A5000.
+async fn first_on_the_a5000(yaml: &str, opt_out: bool) -> (TestCluster, Daemon, Rollout, String) {
     let cluster = TestCluster::dedicated();
-    let file = config(&cluster, "handoff: {maxWaitSeconds: 15}\n");
+    let file = config(&cluster, yaml);
     let daemon = start_scheduler_with(&cluster, &["--config", &file]);
     apply(&cluster, &["examples/first-available/fleet.yaml"]);
     let r = Rollout::new(&cluster).await;
     kubectl_apply_text(
         &cluster,
         "web",
-        deployment("web", "dra-scheduler", false).as_bytes(),
+        deployment("web", "dra-scheduler", opt_out).as_bytes(),
     );
     let (first, device) = r.running("web", 90).await;
     assert_eq!(device, A5000, "the first pod gets the A5000");
+    (cluster, daemon, r, first)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollouts_replacement_waits_for_the_a5000_where_kube_scheduler_gives_it_the_t10() {
+    let (cluster, daemon, r, first) =
+        first_on_the_a5000("handoff: {maxWaitSeconds: 15}\n", false).await;
 
     // The rollout: the replacement waits for the A5000 while the old pod terminates...
     let second = r.restart(&cluster, "web", &first).await;
@@ -290,21 +298,8 @@ async fn a_rollouts_replacement_waits_for_the_a5000_where_kube_scheduler_gives_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_opted_out_pod_takes_the_t10_is_degraded_and_the_upgrade_moves_it_to_the_a5000() {
-    let cluster = TestCluster::dedicated();
-    let file = config(
-        &cluster,
-        "degraded: {intervalSeconds: 1, upgrade: {enabled: true, afterSeconds: 3}}\n",
-    );
-    let daemon = start_scheduler_with(&cluster, &["--config", &file]);
-    apply(&cluster, &["examples/first-available/fleet.yaml"]);
-    let r = Rollout::new(&cluster).await;
-    kubectl_apply_text(
-        &cluster,
-        "web",
-        deployment("web", "dra-scheduler", true).as_bytes(),
-    );
-    let (first, device) = r.running("web", 90).await;
-    assert_eq!(device, A5000);
+    let config = "degraded: {intervalSeconds: 1, upgrade: {enabled: true, afterSeconds: 3}}\n";
+    let (cluster, daemon, r, first) = first_on_the_a5000(config, true).await;
 
     // Opted out: the replacement takes the T10 while the old pod still holds the A5000.
     let second = r.restart(&cluster, "web", &first).await;
