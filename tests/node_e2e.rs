@@ -39,7 +39,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -98,15 +98,10 @@ struct HostAdditions {
     device_files: Vec<&'static str>,
     cdi_dir_made: bool,
     relay_stop: Option<Arc<AtomicBool>>,
-    port_forward: Option<Child>,
 }
 
 impl Drop for HostAdditions {
     fn drop(&mut self) {
-        if let Some(child) = self.port_forward.as_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
         if let Some(stop) = &self.relay_stop {
             stop.store(true, Ordering::SeqCst);
         }
@@ -578,6 +573,13 @@ impl E2e<'_> {
     }
 
     fn lease_holder(&self) -> Option<String> {
+        // The identity is `<pod>_<pid>_<nonce>` (pod names have no `_`).
+        self.lease_identity()
+            .and_then(|h| h.split('_').next().map(String::from))
+    }
+
+    /// The Lease's holder identity: a restarted process in the same pod has a new one.
+    fn lease_identity(&self) -> Option<String> {
         let lease = self
             .kube
             .try_run(&[
@@ -591,11 +593,36 @@ impl E2e<'_> {
             ])
             .ok()?;
         let lease: Value = serde_json::from_str(&lease).ok()?;
-        // The identity is `<pod>_<pid>_<nonce>` (pod names have no `_`).
-        lease["spec"]["holderIdentity"]
-            .as_str()
-            .and_then(|h| h.split('_').next())
-            .map(String::from)
+        lease["spec"]["holderIdentity"].as_str().map(String::from)
+    }
+
+    /// The scheduler pods with their containers' restart counts, for a message.
+    fn scheduler_restarts(&self) -> String {
+        self.scheduler_pods()
+            .iter()
+            .map(|p| {
+                let status = &p["status"]["containerStatuses"][0];
+                let previous = self
+                    .kube
+                    .try_run(&[
+                        "-n",
+                        "kube-system",
+                        "logs",
+                        &name(p),
+                        "--previous",
+                        "--tail=15",
+                    ])
+                    .unwrap_or_else(|e| e);
+                format!(
+                    "{} (restarts {}, last state {}, ready {})\nprevious log:\n{previous}",
+                    name(p),
+                    status["restartCount"],
+                    status["lastState"],
+                    status["ready"]
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     fn scheduler_pods(&self) -> Vec<Value> {
@@ -608,6 +635,80 @@ impl E2e<'_> {
             "app.kubernetes.io/component=scheduler",
         ])
     }
+}
+
+/// `/metrics` of whichever scheduler pod holds the Lease, read from its pod IP in the
+/// cluster's network namespace, as Prometheus scrapes it.
+struct LeaderMetrics<'a> {
+    cluster: &'a TestCluster,
+    e2e: &'a E2e<'a>,
+}
+
+impl<'a> LeaderMetrics<'a> {
+    fn new(cluster: &'a TestCluster, e2e: &'a E2e<'a>) -> Self {
+        Self { cluster, e2e }
+    }
+
+    /// The body, or "" when the leader's pod did not answer.
+    fn scrape(&self) -> String {
+        let leader = wait("a Lease holder", 60, || self.e2e.lease_holder());
+        let pod = self
+            .e2e
+            .kube
+            .json(&["-n", "kube-system", "get", "pod", &leader]);
+        let Some(ip) = pod["status"]["podIP"].as_str().map(String::from) else {
+            return String::new();
+        };
+        self.cluster.in_netns(move || {
+            let mut body = String::new();
+            if let Ok(mut conn) = TcpStream::connect((ip.as_str(), 10261)) {
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+                let _ = write!(conn, "GET /metrics HTTP/1.0\r\nHost: {ip}\r\n\r\n");
+                let _ = conn.read_to_string(&mut body);
+            }
+            body
+        })
+    }
+}
+
+/// `/metrics` of a scheduler pod through `kubectl port-forward`, as a user reads it; "" when
+/// nothing came back.
+fn port_forward_scrape(cluster: &TestCluster, pod: &str) -> String {
+    let mut child = cluster
+        .kubectl()
+        .args([
+            "-n",
+            "kube-system",
+            "port-forward",
+            &format!("pod/{pod}"),
+            ":10261",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kubectl port-forward");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first_line = Vec::new();
+    let mut byte = [0u8; 1];
+    while stdout.read(&mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
+        first_line.push(byte[0]);
+    }
+    let first_line = String::from_utf8_lossy(&first_line).into_owned();
+    let port: Option<u16> = first_line
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|p| p.parse().ok());
+    let mut body = String::new();
+    if let Some(Ok(mut conn)) = port.map(|port| cluster.connect(port)) {
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+        let _ = write!(conn, "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n");
+        let _ = conn.read_to_string(&mut body);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    body
 }
 
 /// Kills the cluster.sh-started process `component` (kubelet or containerd) with `signal`
@@ -1111,6 +1212,26 @@ fn end_to_end(full: bool) {
         p4.pod, p4.device
     );
 
+    // The new leader's metrics, through kubectl port-forward: its own decisions count
+    // there. (Its claim allocation count can be 0: a claim the old leader allocated before
+    // it was killed is not allocated again.)
+    let scheduled = "dra_scheduler_scheduling_attempt_duration_seconds_count{result=\"scheduled\"}";
+    let body = wait(
+        "the new leader's scheduled attempts in /metrics",
+        60,
+        || {
+            let body = port_forward_scrape(&cluster, &new_leader);
+            body.lines()
+                .any(|l| l.starts_with(scheduled))
+                .then_some(body)
+        },
+    );
+    let line = body.lines().find(|l| l.starts_with(scheduled)).unwrap();
+    let count: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    println!("/metrics of {new_leader} (kubectl port-forward): {line}");
+    assert!(count >= 1.0, "{line}");
+    step("leader metrics");
+
     // Fault 4: containerd restarted; the pods keep running, and the node still prepares.
     let containerd = restart_node_process(&cluster, "containerd", "TERM");
     wait("containerd back", 60, || {
@@ -1146,70 +1267,13 @@ fn end_to_end(full: bool) {
     );
     step("scheduler and containerd faults");
 
-    // Metrics of the in-cluster leader, through kubectl port-forward.
-    let mut forward = cluster
-        .kubectl()
-        .args([
-            "-n",
-            "kube-system",
-            "port-forward",
-            &format!("pod/{new_leader}"),
-            ":10261",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("kubectl port-forward");
-    let mut stdout = forward.stdout.take().unwrap();
-    host.port_forward = Some(forward);
-    let mut first_line = Vec::new();
-    let mut byte = [0u8; 1];
-    while stdout.read(&mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
-        first_line.push(byte[0]);
-    }
-    let first_line = String::from_utf8_lossy(&first_line).into_owned();
-    let port: u16 = first_line
-        .split("127.0.0.1:")
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("port-forward said: {first_line}"));
-    // A forwarded connection may be closed while kubelet's stream to the pod is still
-    // being set up: ask again, for a while.
-    let scrape = || -> String {
-        let mut body = String::new();
-        if let Ok(mut conn) = cluster.connect(port) {
-            let _ = write!(conn, "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n");
-            let _ = conn.read_to_string(&mut body);
-        }
-        body
-    };
-    // The new leader's own decisions: every pod it placed counts here. (Its claim
-    // allocation count can be 0: a claim the old leader allocated before it was killed
-    // is not allocated again.)
-    let scheduled = "dra_scheduler_scheduling_attempt_duration_seconds_count{result=\"scheduled\"}";
-    let mut body = String::new();
-    for _ in 0..30 {
-        body = scrape();
-        if body.contains(scheduled) {
-            break;
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    let line = body
-        .lines()
-        .find(|l| l.starts_with(scheduled))
-        .unwrap_or_else(|| panic!("no scheduled attempts in /metrics after 30 tries:\n{body}"))
-        .to_string();
-    let count: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-    let allocations = body
-        .lines()
-        .find(|l| l.starts_with("dra_scheduler_claim_allocation_duration_seconds_count"))
-        .unwrap_or_default();
-    println!("/metrics of {new_leader} (kubectl port-forward): {line}; {allocations}");
-    assert!(count >= 1.0, "{line}");
-    step("metrics");
+    // From here the scrape follows the Lease and reads the leader's pod IP from the
+    // cluster's network, as Prometheus does: leadership can move (a CI run saw the
+    // leader's renewals hang for its renew deadline around the containerd restart, and
+    // it exited as it must), and port-forwards to pods that predate the containerd
+    // restart returned nothing.
+    let metrics = LeaderMetrics::new(&cluster, &e2e);
+    let scrape = || metrics.scrape();
 
     rollouts(&e2e, &product, &scrape);
     step("done");
@@ -1271,7 +1335,10 @@ fn rollouts(e2e: &E2e<'_>, product: &dyn Fn(&str) -> String, scrape: &dyn Fn() -
         let log = kube
             .try_run(&["-n", "kube-system", "logs", &leader, "--tail=40"])
             .unwrap_or_else(|e| e);
-        format!("last lines of {leader}:\n{log}")
+        format!(
+            "last lines of {leader}:\n{log}\nscheduler pods: {}",
+            e2e.scheduler_restarts()
+        )
     };
 
     e2e.scale(0);
@@ -1412,7 +1479,9 @@ fn rollouts(e2e: &E2e<'_>, product: &dyn Fn(&str) -> String, scrape: &dyn Fn() -
     assert_eq!(product(&v2.device), "NVIDIA T10", "{v2:?}");
     assert!(
         after >= Duration::from_secs(44),
-        "placed after {after:?}, before the bound"
+        "{v2:?} placed after {after:?}, before the bound; its WaitingForDevice events: {:?}\n{}",
+        events(&v2.pod, "WaitingForDevice"),
+        leader_log()
     );
     let old = kube.json(&["-n", NS, "get", "pod", &v.pod]);
     assert!(

@@ -218,6 +218,12 @@ fn upgrades(now: &[Choice], better: &[Choice]) -> Option<Vec<Upgrade>> {
 }
 
 /// The pod's controller, with a ReplicaSet's Deployment in its place: `Kind/name`.
+///
+/// A rollout's new ReplicaSet and its first pod come through different watches, so the
+/// pod can arrive first: a ReplicaSet not known yet whose name is `<name>-<hash>`, with
+/// the pod labelled `pod-template-hash: <hash>`, is taken for Deployment `<name>`'s (the
+/// Deployment controller names them so). A CI run saw the replacement of a rollout take
+/// the fallback at once because its ReplicaSet was not yet known.
 pub fn owner_of(pod: &Pod, state: &ClusterState) -> Option<String> {
     let controller = pod
         .metadata
@@ -226,15 +232,27 @@ pub fn owner_of(pod: &Pod, state: &ClusterState) -> Option<String> {
         .flatten()
         .find(|o| o.controller == Some(true))?;
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-    if controller.kind == "ReplicaSet"
-        && let Some(deployment) = state
-            .workloads
-            .replica_set_owners
-            .get(&ObjectKey::new(namespace, controller.name.clone()))
-    {
-        return Some(deployment.clone());
+    if controller.kind == "ReplicaSet" {
+        let key = ObjectKey::new(namespace, controller.name.clone());
+        if let Some(deployment) = state.workloads.replica_set_owners.get(&key) {
+            return Some(deployment.clone());
+        }
+        if !state.workloads.replica_sets.contains_key(&key)
+            && let Some(deployment) = deployment_by_name(pod, &controller.name)
+        {
+            return Some(format!("Deployment/{deployment}"));
+        }
     }
     Some(format!("{}/{}", controller.kind, controller.name))
+}
+
+/// `<name>` of a ReplicaSet named `<name>-<hash>` whose pod has `pod-template-hash: <hash>`.
+fn deployment_by_name<'a>(pod: &Pod, replica_set: &'a str) -> Option<&'a str> {
+    let hash = pod.metadata.labels.as_ref()?.get("pod-template-hash")?;
+    replica_set
+        .strip_suffix(hash.as_str())?
+        .strip_suffix('-')
+        .filter(|name| !name.is_empty())
 }
 
 /// `driver/pool/device` of each device an allocation holds.

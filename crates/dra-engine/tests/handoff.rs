@@ -90,6 +90,15 @@ const TERMINATING: fn() -> Value =
 /// Old pod `old` (of `old_rs`) on the A5000, terminating or not; `web-new` (ReplicaSet
 /// web-2 of Deployment web) pending.
 fn rollout(old_rs: &str, terminating: bool) -> Engine {
+    rollout_to(
+        old_rs,
+        terminating,
+        pod("web-new", "web-2", None, json!({})),
+    )
+}
+
+/// [`rollout`] with `new` in place of `web-new`.
+fn rollout_to(old_rs: &str, terminating: bool, new: Pod) -> Engine {
     let extra = if terminating {
         TERMINATING()
     } else {
@@ -99,10 +108,7 @@ fn rollout(old_rs: &str, terminating: bool) -> Engine {
         nodes: vec![node()],
         slices: vec![slice()],
         classes: vec![class()],
-        pods: vec![
-            pod("old", old_rs, Some("node-1"), extra),
-            pod("web-new", "web-2", None, json!({})),
-        ],
+        pods: vec![pod("old", old_rs, Some("node-1"), extra), new],
         claims: vec![
             claim("old-gpu", Some(("gpu-0", "old"))),
             claim("web-new-gpu", None),
@@ -164,6 +170,24 @@ fn the_replacement_waits_for_the_a5000_its_terminating_predecessor_holds() {
         devices(&placed(&mut engine, "web-new")),
         [format!("{T10} (gpu/t10)")]
     );
+}
+
+/// A rollout's new ReplicaSet can reach the scheduler after its first pod (two watches):
+/// the Deployment controller's naming, `<deployment>-<pod-template-hash>`, tells whose it is.
+#[test]
+fn a_replacement_whose_replica_set_is_not_known_yet_waits_by_the_deployments_naming() {
+    let labelled = |hash: &str| json!({"labels": {"pod-template-hash": hash}});
+    let new = pod("web-new", "web-7f9c", None, labelled("7f9c"));
+    let mut engine = rollout_to("web-1", true, new);
+    let placement = placed(&mut engine, "web-new");
+    let handoff = engine.handoff(&placement, Owners::Same, BUDGET);
+    assert_eq!(handoff.expect("a handoff").devices, [A5000]);
+
+    // The name does not end in the pod's hash: not taken for web's.
+    let new = pod("web-new", "web-7f9c", None, labelled("0000"));
+    let mut engine = rollout_to("web-1", true, new);
+    let placement = placed(&mut engine, "web-new");
+    assert!(engine.handoff(&placement, Owners::Same, BUDGET).is_none());
 }
 
 #[test]
