@@ -29,6 +29,7 @@ const EXAMPLES: &[&str] = &[
     "derived-attributes",
     "compatibility-groups",
     "list-attributes",
+    "node-allocatable-resources",
 ];
 
 /// The examples of 1.37's alpha DRA features, whose devices are compared too.
@@ -36,6 +37,7 @@ const ALPHA_EXAMPLES: &[&str] = &[
     "derived-attributes",
     "compatibility-groups",
     "list-attributes",
+    "node-allocatable-resources",
 ];
 
 /// The test cluster runs with every DRA gate on, the alpha ones included: simulate too.
@@ -45,6 +47,7 @@ fn all_gates() -> dra_engine::Features {
         derived_attributes: true,
         compatibility_groups: true,
         optional_node_operations: true,
+        node_allocatable_resources: true,
         ..Default::default()
     }
 }
@@ -357,6 +360,22 @@ async fn compare_with_kube_scheduler(examples: &[&str]) {
                 allocated_devices(sim.engine.state().claims.values()),
                 "example {name}: kube-scheduler's devices vs simulate's"
             );
+            // And what the devices map of the nodes' resources, in the pods' status
+            // (DRANodeAllocatableResources), with the same pods placed.
+            assert!(
+                *name != "node-allocatable-resources"
+                    || !node_allocatable(reference.iter()).is_empty(),
+                "example {name}: kube-scheduler wrote no nodeAllocatableResourceClaimStatuses"
+            );
+            assert_eq!(
+                node_allocatable(reference.iter()),
+                node_allocatable(simulated_pods(&sim)),
+                "example {name}: kube-scheduler's nodeAllocatableResourceClaimStatuses vs simulate's"
+            );
+            assert_eq!(
+                placed_by_reference, placed_by_simulate,
+                "example {name}: pods placed"
+            );
         }
         // simulate's allocations are valid claim status for the real API server.
         common::api_server_accepts_allocations(&cluster, &sim, name).await;
@@ -372,6 +391,53 @@ const LIVE_EXAMPLES: &[&str] = &[
     "device-taint-rule",
     "mig-partitionable",
 ];
+
+fn simulated_pods(sim: &simulate::Simulation) -> impl Iterator<Item = &Pod> {
+    sim.pods
+        .iter()
+        .map(|(key, _)| &sim.engine.state().pods[key])
+}
+
+/// Each placed pod's `status.nodeAllocatableResourceClaimStatuses` without the claim names
+/// (generated names differ between runs) and with quantities in nanos (the API server
+/// writes them in canonical form); sorted.
+fn node_allocatable<'a>(pods: impl Iterator<Item = &'a Pod>) -> Vec<serde_json::Value> {
+    fn canonical(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                map.remove("resourceClaimName");
+                for (key, value) in map.iter_mut() {
+                    if let ("quantity" | "perPod" | "perContainer", Some(q)) =
+                        (key.as_str(), value.as_str())
+                    {
+                        let q: dra_cel::Quantity = q.parse().expect("a quantity");
+                        *value = q.nanos().to_string().into();
+                    } else {
+                        canonical(value);
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(canonical),
+            _ => {}
+        }
+    }
+    let mut all: Vec<serde_json::Value> = pods
+        .filter_map(|p| {
+            p.status
+                .as_ref()?
+                .node_allocatable_resource_claim_statuses
+                .as_ref()
+        })
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let mut v = serde_json::to_value(s).unwrap();
+            canonical(&mut v);
+            v
+        })
+        .collect();
+    all.sort_by_key(|v| v.to_string());
+    all
+}
 
 /// Allocated devices per claim, each claim's list sorted, the claims sorted.
 fn allocated_devices<'a>(claims: impl Iterator<Item = &'a ResourceClaim>) -> Vec<Vec<String>> {
@@ -410,7 +476,15 @@ async fn dra_scheduler_run_with_the_alpha_gates_places_like_simulate() {
 }
 
 async fn run_like_simulate(examples: &[&str], extra: &[&str], features: dra_engine::Features) {
+    // REFERENCE_EXAMPLES=a,b runs only those examples (for debugging one of them).
+    let only = std::env::var("REFERENCE_EXAMPLES").ok();
     for name in examples {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|x| x == *name))
+        {
+            continue;
+        }
         eprintln!("example {name}");
         let cluster = TestCluster::dedicated();
         let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_dra-scheduler"))
@@ -477,6 +551,13 @@ async fn run_like_simulate(examples: &[&str], extra: &[&str], features: dra_engi
             live_devices,
             allocated_devices(sim.engine.state().claims.values()),
             "example {name}: devices chosen by the daemon and by simulate"
+        );
+        // The pods' nodeAllocatableResourceClaimStatuses as the daemon wrote them (and the
+        // API server took them) are simulate's.
+        assert_eq!(
+            node_allocatable(live.iter()),
+            node_allocatable(simulated_pods(&sim)),
+            "example {name}: nodeAllocatableResourceClaimStatuses written by the daemon and by simulate"
         );
         let _ = daemon.kill();
         let _ = daemon.wait();

@@ -785,6 +785,38 @@ fn list_attributes_match_when_the_lists_share_a_value() {
 }
 
 #[test]
+fn a_gpus_pinned_cpus_keep_the_second_trainer_pending() {
+    let r = with_alpha_gates("examples/node-allocatable-resources");
+    let trainers: Vec<&str> = ["default/trainer-0", "default/trainer-1"]
+        .into_iter()
+        .filter(|p| r.node(p).is_some())
+        .collect();
+    assert_eq!(trainers, ["default/trainer-0"]);
+    assert_eq!(r.node("default/web"), Some("node-1"));
+    assert!(
+        r.message("default/trainer-1")
+            .contains("1 Insufficient cpu"),
+        "{}",
+        r.message("default/trainer-1")
+    );
+    assert_eq!(
+        r.pod("default/trainer-0")["nodeAllocatableResourceClaimStatuses"],
+        serde_json::json!([{"resourceClaimName": "trainer-0-gpu", "containers": ["train"],
+            "mapping": [{"name": "cpu", "quantity": "6"}],
+            "overhead": [{"name": "memory", "perContainer": "512Mi"}]}])
+    );
+    // With the gate off (1.37's default), the GPUs are not allocated, naming the gate.
+    let off = simulate(&["examples/node-allocatable-resources"]);
+    assert_eq!(off.node("default/trainer-0"), None);
+    assert!(
+        off.message("default/trainer-0")
+            .contains("2 map nodeAllocatableResources, which needs the DRANodeAllocatableResources feature gate"),
+        "{}",
+        off.message("default/trainer-0")
+    );
+}
+
+#[test]
 fn devices_that_skip_node_operations_go_only_to_a_node_that_declares_it_can() {
     let r = with_alpha_gates("examples/optional-node-operations");
     assert_eq!(r.node("default/first"), Some("node-a"));

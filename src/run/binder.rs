@@ -488,16 +488,7 @@ async fn prebind<'a>(
             "resourceClaimName": decision.key.name,
             "requestMappings": decision.extended_mappings,
         }}});
-        metrics
-            .write(
-                "patch",
-                "pods/status",
-                pods.patch_status(
-                    &placement.pod.name,
-                    &PatchParams::default(),
-                    &Patch::Merge(patch),
-                ),
-            )
+        patch_pod_status(pods, metrics, placement, patch)
             .await
             .map_err(|e| {
                 format!(
@@ -507,7 +498,58 @@ async fn prebind<'a>(
                 )
             })?;
     }
+    // DRANodeAllocatableResources: what the pod's devices map of the node's resources, in
+    // its status before binding (kubelet sizes the pod's cgroups by it, and every
+    // scheduler counts it), as kube-scheduler's PreBind writes it.
+    if !placement.node_allocatable.is_empty() {
+        let patch = json!({"status": {
+            "nodeAllocatableResourceClaimStatuses": placement.node_allocatable,
+        }});
+        patch_pod_status(pods, metrics, placement, patch)
+            .await
+            .map_err(|e| {
+                format!(
+                    "record the node allocatable resources of pod {}: {}",
+                    placement.pod,
+                    describe(&e)
+                )
+            })?;
+    }
     Ok(())
+}
+
+/// A merge patch of the placed pod's status.
+async fn patch_pod_status(
+    pods: &Api<Pod>,
+    metrics: &Metrics,
+    placement: &Placement,
+    patch: serde_json::Value,
+) -> Result<Pod, kube::Error> {
+    metrics
+        .write(
+            "patch",
+            "pods/status",
+            pods.patch_status(
+                &placement.pod.name,
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            ),
+        )
+        .await
+}
+
+/// Take back the node allocatable resource claim statuses of a pod that is not bound
+/// (kube-scheduler's Unreserve does): an explicit empty list, guarded by the pod's uid.
+/// A failure is logged; the next placement overwrites them.
+async fn clear_node_allocatable(pods: &Api<Pod>, metrics: &Metrics, placement: &Placement) {
+    if placement.node_allocatable.is_empty() {
+        return;
+    }
+    let patch = json!({"metadata": {"uid": placement.pod_uid},
+        "status": {"nodeAllocatableResourceClaimStatuses": []}});
+    if let Err(e) = patch_pod_status(pods, metrics, placement, patch).await {
+        tracing::warn!(pod = %placement.pod, error = %describe(&e), "could not clear the pod's node allocatable resource claim statuses");
+    }
 }
 
 /// The end of a binding: the stored claims on success, else the failure settled.
@@ -894,6 +936,7 @@ async fn settle(
             Ok(stored)
         }
         Ok(PodNow::NotHere) => {
+            clear_node_allocatable(pods, metrics, placement).await;
             for decision in attempted {
                 if let Err(e) = unwind_claim(client, metrics, placement, decision).await {
                     return Err(uncertain(e));

@@ -269,6 +269,7 @@ fn features(
             "DRADerivedAttributes" => &mut f.derived_attributes,
             "DRADeviceCompatibilityGroups" => &mut f.compatibility_groups,
             "DRAOptionalNodeOperations" => &mut f.optional_node_operations,
+            "DRANodeAllocatableResources" => &mut f.node_allocatable_resources,
             other => {
                 return Err(format!(
                     "featureGates.{other}: not a DRA feature gate the allocator reads"

@@ -2305,6 +2305,7 @@ mod tests {
             ],
             allocation_time: Duration::ZERO,
             volumes: Vec::new(),
+            node_allocatable: Vec::new(),
         };
         assert_eq!(
             claims_and_devices(&placement),

@@ -20,6 +20,13 @@ struct PodReport {
     name: String,
     node: Option<String>,
     message: Option<String>,
+    /// What the pod's devices map of its node's resources (DRANodeAllocatableResources),
+    /// as the binder would write it to the pod's status.
+    #[serde(
+        rename = "nodeAllocatableResourceClaimStatuses",
+        skip_serializing_if = "Option::is_none"
+    )]
+    node_allocatable: Option<Value>,
     /// Evicted by a preemption (the table says so in place of PENDING).
     #[serde(skip)]
     evicted: bool,
@@ -226,6 +233,10 @@ fn report(sim: &Simulation) -> Report {
                 name: key.name.clone(),
                 node,
                 message,
+                node_allocatable: pod
+                    .and_then(|p| p.status.as_ref()?.node_allocatable_resource_claim_statuses.as_ref())
+                    .filter(|s| !s.is_empty())
+                    .map(|s| serde_json::to_value(s).unwrap_or(Value::Null)),
                 evicted: evicted.contains_key(key),
                 terminating: is_terminating,
             }

@@ -48,7 +48,7 @@
 //! | DRADerivedAttributes (alpha) | `derivedAttributes` of requests and subrequests, read by constraints in place of the device's | same as upstream with the gate on; the expression's cost is bounded by its static estimate (upstream: by a runtime limit) |
 //! | DRADeviceCompatibilityGroups (alpha) | `compatibilityGroups` of counter consumption | same as upstream with the gate on |
 //! | DRAOptionalNodeOperations (alpha) | a slice's `skipNodeOperations`, the node's `declaredFeatures` | same as upstream with the gate on |
-//! | DRANodeAllocatableResources (alpha) | a device's `nodeAllocatableResources` (the node CPU/memory it maps) | **not supported**: such a device is never allocated, and the explanation says so (kube-scheduler with the gate on would count the mapped resources in NodeResourcesFit) |
+//! | DRANodeAllocatableResources (alpha) | a device's `nodeAllocatableResources` (the node CPU, memory or hugepages it maps) | with the gate on, allocated as any device; `dra-engine`'s DynamicResources counts what the pod's devices map against the node, and the binder writes the pod's `nodeAllocatableResourceClaimStatuses`, as kube-scheduler does; with it off, such a device is never allocated, and the explanation says so |
 //! | DRAPartitionableDevicesType (alpha) | a slice's `partitionTypeAttribute` | not read by any scheduling code in 1.37 (only by pool status reporting): nothing to do |
 //! | DRAResourceClaimDeviceStatus, DRAResourcePoolStatus, DRAExtendedResource | device status, pool status requests; extended resources (in `dra-engine`) | not the allocator's |
 //! Selector results are cached per snapshot by what CEL can see of a device, or, for

@@ -134,9 +134,8 @@ pub struct RequestExplanation {
     pub blocked_by_counters: usize,
     /// Not enough capacity left on a shared device.
     pub blocked_by_capacity: usize,
-    /// Excluded because they map node allocatable resources (DRANodeAllocatableResources),
-    /// which this scheduler does not account for: never allocated rather than overcommit
-    /// the node's CPU or memory.
+    /// Excluded because they map node allocatable resources and DRANodeAllocatableResources
+    /// is off: never allocated rather than overcommit the node's CPU or memory.
     pub node_allocatable: usize,
     /// Excluded because their slice skips node operations (DRAOptionalNodeOperations) and
     /// the node does not declare the feature (or the gate is off).
@@ -165,7 +164,7 @@ impl fmt::Display for RequestExplanation {
             (self.blocked_by_capacity, "without enough capacity left"),
             (
                 self.node_allocatable,
-                "map nodeAllocatableResources (DRANodeAllocatableResources), which dra-scheduler does not support",
+                "map nodeAllocatableResources, which needs the DRANodeAllocatableResources feature gate",
             ),
             (
                 self.node_operations,

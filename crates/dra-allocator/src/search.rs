@@ -713,11 +713,13 @@ impl<'a> NodeRun<'a> {
                 }
             }
             let (_, api_device) = self.snap.device(d.entry);
-            // Not supported (DRANodeAllocatableResources): never allocated, said so.
-            let maps_node_resources = api_device
-                .node_allocatable_resources
-                .as_ref()
-                .is_some_and(|m| !m.is_empty());
+            // DRANodeAllocatableResources off: never allocated (the mapped CPU or memory
+            // would not be counted), said so.
+            let maps_node_resources = !features.node_allocatable_resources
+                && api_device
+                    .node_allocatable_resources
+                    .as_ref()
+                    .is_some_and(|m| !m.is_empty());
             let node_operations = !self.node_operations_allow(d.entry);
             let tainted = features.device_taints && taint_blocks(&entry.taints, &r.tolerations);
             let unusable = entry.broken.is_some()

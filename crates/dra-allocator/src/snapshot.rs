@@ -41,6 +41,10 @@ pub struct Features {
     /// DRAOptionalNodeOperations (alpha, off): devices of slices with `skipNodeOperations`
     /// need it on, and a node that declares the feature; off, they are not allocated.
     pub optional_node_operations: bool,
+    /// DRANodeAllocatableResources (alpha, off): devices that map node CPU, memory or
+    /// hugepages (`nodeAllocatableResources`) are allocated as any other, and the
+    /// scheduler (not the allocator) counts what they map; off, they are not allocated.
+    pub node_allocatable_resources: bool,
 }
 
 impl Features {
@@ -68,6 +72,7 @@ impl Default for Features {
             compatibility_groups: false,
             derived_attributes: false,
             optional_node_operations: false,
+            node_allocatable_resources: false,
         }
     }
 }

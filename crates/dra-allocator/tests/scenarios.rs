@@ -171,9 +171,10 @@ fn allocated_devices_are_skipped_and_explained() {
 }
 
 #[test]
-fn a_device_that_maps_node_allocatable_resources_is_never_allocated_and_says_why() {
-    // DRANodeAllocatableResources: kube-scheduler would count the node's CPU the device
-    // maps; dra-scheduler does not, so it refuses the device rather than overcommit.
+fn with_the_gate_off_a_device_that_maps_node_allocatable_resources_is_never_allocated() {
+    // DRANodeAllocatableResources off: nothing would count the node CPU the device maps,
+    // so it is refused rather than overcommit the node (with the gate on, dra-engine's
+    // DynamicResources counts it).
     let mut slice = gpus(2).build();
     let mapped: k8s_openapi::api::resource::v1::NodeAllocatableResource =
         serde_json::from_value(json!({"mapping": {"capacityKey": "gpu.example.com/cpus"}}))
@@ -187,7 +188,7 @@ fn a_device_that_maps_node_allocatable_resources_is_never_allocated_and_says_why
     let text = e.to_string();
     assert!(
         text.contains(
-            "1 map nodeAllocatableResources (DRANodeAllocatableResources), which dra-scheduler does not support, 1 available"
+            "1 map nodeAllocatableResources, which needs the DRANodeAllocatableResources feature gate, 1 available"
         ),
         "{text}"
     );

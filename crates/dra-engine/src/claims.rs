@@ -144,6 +144,17 @@ pub fn may_reserve(claim: &ResourceClaim, pod: &Pod) -> Result<(), String> {
 
 /// The claims a pod references, in pod order, or why one is not usable yet.
 pub fn of_pod(pod: &Pod, state: &ClusterState) -> Result<Vec<ObjectKey>, ClaimsNotReady> {
+    Ok(named_of_pod(pod, state)?
+        .into_iter()
+        .map(|(_, key)| key)
+        .collect())
+}
+
+/// [`of_pod`], each claim with its name in the pod (`spec.resourceClaims[].name`).
+pub fn named_of_pod(
+    pod: &Pod,
+    state: &ClusterState,
+) -> Result<Vec<(String, ObjectKey)>, ClaimsNotReady> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
     let mut keys = Vec::new();
     let pod_claims = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref());
@@ -160,7 +171,7 @@ pub fn of_pod(pod: &Pod, state: &ClusterState) -> Result<Vec<ObjectKey>, ClaimsN
             });
         };
         check_usable(pod, pc, &key, claim)?;
-        keys.push(key);
+        keys.push((pc.name.clone(), key));
     }
     Ok(keys)
 }

@@ -68,7 +68,7 @@ enum Verdict<'a> {
         /// Feasible nodes with their scores, in node order.
         scored: Vec<(&'a NodeInfo, i64)>,
         per_plugin: BTreeMap<String, Vec<i64>>,
-        placement: Option<Placement>,
+        placement: Option<Box<Placement>>,
     },
 }
 
@@ -161,7 +161,7 @@ impl Engine {
                             );
                         }
                         match placement {
-                            Some(p) => Decision::Scheduled(p),
+                            Some(p) => Decision::Scheduled(*p),
                             None => unschedulable(
                                 fit_error(total, &outcomes),
                                 outcomes
@@ -381,6 +381,7 @@ impl Engine {
                 claims: Vec::new(),
                 allocation_time: Duration::ZERO,
                 volumes: Vec::new(),
+                node_allocatable: Vec::new(),
             };
             if let Err(status) = attempt.reserve(best, &mut placement) {
                 return Verdict::Stopped(status);
@@ -389,7 +390,7 @@ impl Engine {
                 outcomes,
                 scored,
                 per_plugin: scores.per_plugin,
-                placement: Some(placement),
+                placement: Some(Box::new(placement)),
             }
         })();
         let decided = decide(verdict);

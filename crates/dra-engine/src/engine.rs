@@ -98,6 +98,10 @@ pub struct Placement {
     /// What VolumeBinding decided for the pod's PersistentVolumeClaims that are not bound
     /// yet; the binder writes these first (PreBind), then waits for the claims to be bound.
     pub volumes: Vec<VolumeDecision>,
+    /// What the pod's devices map of the node's CPU, memory or hugepages
+    /// (DRANodeAllocatableResources): the binder writes it to the pod's status before the
+    /// binding, and the node counts it from now on.
+    pub node_allocatable: Vec<k8s_openapi::api::core::v1::NodeAllocatableResourceClaimStatus>,
 }
 
 /// What happens to one of the pod's unbound PersistentVolumeClaims on the chosen node: the
@@ -519,6 +523,12 @@ impl Engine {
             && (placement.pod_uid.is_none() || pod.metadata.uid == placement.pod_uid)
         {
             pod.spec.get_or_insert_with(Default::default).node_name = Some(placement.node.clone());
+            if !placement.node_allocatable.is_empty() {
+                pod.status
+                    .get_or_insert_with(Default::default)
+                    .node_allocatable_resource_claim_statuses =
+                    Some(placement.node_allocatable.clone());
+            }
             self.upsert_pod(pod);
         }
     }
@@ -648,6 +658,11 @@ impl Engine {
         {
             if let Some(spec) = pod.spec.as_mut() {
                 spec.node_name = None;
+            }
+            if !placement.node_allocatable.is_empty()
+                && let Some(status) = pod.status.as_mut()
+            {
+                status.node_allocatable_resource_claim_statuses = None;
             }
             self.upsert_pod(pod);
         }

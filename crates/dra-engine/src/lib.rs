@@ -49,6 +49,7 @@ pub mod framework;
 pub mod group;
 pub mod handoff;
 pub mod inventory;
+pub mod node_allocatable;
 pub mod plugins;
 pub mod preemption;
 pub mod resources;

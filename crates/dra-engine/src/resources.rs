@@ -2,12 +2,14 @@
 //! NodeResourcesFit plugin does: regular containers add up; an init container runs alone
 //! (beside the sidecars started before it), so the pod needs the larger of the two; sidecars
 //! (init containers with `restartPolicy: Always`) keep running; pod overhead is added on top;
-//! pod-level `spec.resources` replaces the container sum where it is set.
+//! pod-level `spec.resources` replaces the container sum where it is set; what the pod's
+//! devices map of the node's resources (DRANodeAllocatableResources) is added to the
+//! container sum.
 
 use std::collections::BTreeMap;
 
 use dra_cel::Quantity;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, NodeAllocatableResourceClaimStatus, Pod};
 
 /// Resource name → amount, in exact quantities.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -69,11 +71,27 @@ fn container_requests(c: &Container) -> Result<ResourceList, String> {
     Ok(requests)
 }
 
-/// The resources `pod` needs on its node, as kube-scheduler counts them.
+/// The resources `pod` needs on its node, as kube-scheduler counts them, with what the
+/// devices of its claims map (`status.nodeAllocatableResourceClaimStatuses`,
+/// DRANodeAllocatableResources; the API server drops the field while the gate is off).
 pub fn pod_requests(pod: &Pod) -> Result<ResourceList, String> {
+    pod_requests_with(pod, None)
+}
+
+/// [`pod_requests`] with `statuses` in place of the pod's own node allocatable resource
+/// claim statuses (those a placement is about to give it).
+pub fn pod_requests_with(
+    pod: &Pod,
+    statuses: Option<&[NodeAllocatableResourceClaimStatus]>,
+) -> Result<ResourceList, String> {
     let Some(spec) = pod.spec.as_ref() else {
         return Ok(ResourceList::default());
     };
+    let statuses = statuses.or_else(|| {
+        pod.status
+            .as_ref()
+            .and_then(|s| s.node_allocatable_resource_claim_statuses.as_deref())
+    });
     let mut total = ResourceList::default();
     for c in &spec.containers {
         total.add(&container_requests(c)?);
@@ -93,6 +111,9 @@ pub fn pod_requests(pod: &Pod) -> Result<ResourceList, String> {
     }
     total.add(&sidecars);
     total.max_with(&init_peak);
+    if let Some(statuses) = statuses.filter(|s| !s.is_empty()) {
+        total.add(&crate::node_allocatable::added_requests(statuses)?);
+    }
     if let Some(pod_level) = spec.resources.as_ref() {
         let pod_requests = ResourceList::parse(pod_level.requests.as_ref())?;
         let pod_limits = ResourceList::parse(pod_level.limits.as_ref())?;

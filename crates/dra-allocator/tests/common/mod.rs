@@ -108,6 +108,7 @@ impl Case {
             f.compatibility_groups = true;
             f.derived_attributes = true;
             f.optional_node_operations = true;
+            f.node_allocatable_resources = true;
         }
         f
     }
@@ -355,8 +356,9 @@ pub fn generate(seed: u64, size: Size) -> Case {
 }
 
 /// A random scenario with the alpha gates on: [`generate`]'s, plus compatibility groups on
-/// devices that consume counters, list-valued attributes with constraints on them, and
-/// slices that skip node operations on a node that may or may not declare the feature.
+/// devices that consume counters, list-valued attributes with constraints on them, slices
+/// that skip node operations on a node that may or may not declare the feature, and
+/// devices that map node allocatable resources.
 pub fn generate_gated(seed: u64, size: Size) -> Case {
     let mut case = generate(seed, size);
     case.alpha_gates = true;
@@ -369,6 +371,20 @@ pub fn generate_gated(seed: u64, size: Size) -> Case {
         }
         let driver = slice.spec.driver.clone();
         for device in slice.spec.devices.iter_mut().flatten() {
+            // DRANodeAllocatableResources: the allocator takes such devices as any other
+            // (the scheduler counts what they map).
+            if rng.chance(20) {
+                device.node_allocatable_resources = Some(
+                    [(
+                        "cpu".to_string(),
+                        serde_json::from_value(
+                            serde_json::json!({"mapping": {"deviceMultiplier": "2"}}),
+                        )
+                        .unwrap(),
+                    )]
+                    .into(),
+                );
+            }
             for c in device.consumes_counters.iter_mut().flatten() {
                 let g = &groups[rng.below(4) as usize];
                 c.compatibility_groups =

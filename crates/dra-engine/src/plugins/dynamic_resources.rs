@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use dra_allocator::{AllocError, Allocation, Allocator, Outcome, Quality};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{NodeAllocatableResourceClaimStatus, Pod};
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
 
 use super::node_affinity::node_selector_terms_match;
@@ -32,6 +32,7 @@ use crate::extended::{self, ExtendedRequest};
 use crate::framework::{
     Code, Cycle, Plugin, PluginCycle, Point, PostFilterAction, Status, default_normalize_score,
 };
+use crate::node_allocatable;
 use crate::state::{ClusterState, NodeInfo, ObjectKey};
 
 pub struct DynamicResources;
@@ -52,6 +53,8 @@ enum Found {
 
 struct NodeDevices {
     found: Found,
+    /// What the pod's devices map of the node's resources, per claim.
+    node_allocatable: Vec<NodeAllocatableResourceClaimStatus>,
     quality: Option<Quality>,
     /// The claim for extended resources is part of the answer.
     ext_claim: bool,
@@ -62,12 +65,17 @@ struct DraCycle<'a> {
     cycle: &'a Cycle<'a>,
     /// The pod's claims, in pod order, once PreFilter resolved them.
     keys: Vec<ObjectKey>,
+    /// The same, each with its name in the pod.
+    named: Vec<(String, ObjectKey)>,
     allocated: Vec<(ObjectKey, &'a ResourceClaim)>,
     to_allocate: Vec<(ObjectKey, &'a ResourceClaim)>,
     /// Extended resources DeviceClasses serve, resolved per node.
     ext: Vec<ExtendedRequest>,
     plain: Option<Allocator<'a>>,
     with_ext: Option<Allocator<'a>>,
+    /// DRANodeAllocatableResources is on and some device maps node resources: the
+    /// pod's devices are counted against the node ([`node_allocatable`]).
+    maps_node_resources: bool,
     /// What Filter found per node, for Score and Reserve.
     nodes: Mutex<HashMap<String, NodeDevices>>,
 }
@@ -85,11 +93,13 @@ impl Plugin for DynamicResources {
         Box::new(DraCycle {
             cycle,
             keys: Vec::new(),
+            named: Vec::new(),
             allocated: Vec::new(),
             to_allocate: Vec::new(),
             ext: Vec::new(),
             plain: None,
             with_ext: None,
+            maps_node_resources: false,
             nodes: Mutex::new(HashMap::new()),
         })
     }
@@ -112,10 +122,13 @@ impl Plugin for DynamicResources {
 impl<'a> PluginCycle for DraCycle<'a> {
     fn pre_filter(&mut self) -> Status {
         let cx = self.cycle;
-        self.keys = match claims::of_pod(cx.pod, cx.state) {
-            Ok(keys) => keys,
+        self.named = match claims::named_of_pod(cx.pod, cx.state) {
+            Ok(named) => named,
             Err(e) => return Status::unresolvable(e.message),
         };
+        self.keys = self.named.iter().map(|(_, key)| key.clone()).collect();
+        self.maps_node_resources = cx.features.node_allocatable_resources
+            && node_allocatable::any_mapping_devices(&cx.state.slices);
         self.ext = extended::requests_served_by_dra(cx.requests, &cx.state.classes);
         if self.keys.is_empty() && self.ext.is_empty() {
             return Status::skip();
@@ -165,7 +178,15 @@ impl<'a> PluginCycle for DraCycle<'a> {
                 ));
             }
         }
-        match self.allocate(node) {
+        if self.maps_node_resources
+            && let Some(status) = self.shared_mapped_claim()
+        {
+            return status;
+        }
+        match self
+            .allocate(node)
+            .and_then(|d| self.count_node_resources(node, d))
+        {
             Ok(devices) => {
                 if let Some(q) = &devices.quality {
                     self.cycle.shared.record_quality(node.name(), q.clone());
@@ -221,6 +242,7 @@ impl<'a> PluginCycle for DraCycle<'a> {
             Err(e) => return Status::error(e.to_string()),
         };
         placement.allocation_time = devices.took;
+        placement.node_allocatable = devices.node_allocatable;
         let revised: Vec<(ObjectKey, AllocationResult)> = self
             .cycle
             .revise
@@ -285,6 +307,87 @@ fn results(
 }
 
 impl<'a> DraCycle<'a> {
+    /// DRANodeAllocatableResources: an allocated claim whose devices map node resources,
+    /// reserved for another pod, cannot be shared.
+    fn shared_mapped_claim(&self) -> Option<Status> {
+        let pod = self.cycle.pod;
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let uid = pod.metadata.uid.as_deref();
+        self.allocated.iter().find_map(|(key, claim)| {
+            let shared = !claims::reserved_for(claim).is_empty()
+                && !claims::is_reserved_for(claim, name, uid)
+                && node_allocatable::has_mapped_device(claim, &self.cycle.state.slices);
+            shared.then(|| {
+                Status::unresolvable(format!(
+                    "node allocatable resource claim {} has a mapped device and cannot be shared across pods",
+                    key.name
+                ))
+            })
+        })
+    }
+
+    /// DRANodeAllocatableResources: what the pod's devices (those it has, and those just
+    /// found) map of the node's resources, added to its requests, must fit what the node
+    /// has left. The devices found are built into results now (they are needed).
+    fn count_node_resources(
+        &self,
+        node: &NodeInfo,
+        mut devices: NodeDevices,
+    ) -> Result<NodeDevices, Status> {
+        if !self.maps_node_resources {
+            return Ok(devices);
+        }
+        let built = match std::mem::replace(&mut devices.found, Found::Nothing) {
+            Found::Nothing => Vec::new(),
+            Found::Built(results) => results,
+            Found::Plain(a) => {
+                results(self.plain.as_ref(), node, &a).map_err(|e| Status::error(e.to_string()))?
+            }
+            Found::Ext(a) => results(self.with_ext.as_ref(), node, &a)
+                .map_err(|e| Status::error(e.to_string()))?,
+        };
+        let cx = self.cycle;
+        let found_for = |key: &ObjectKey| -> Option<&AllocationResult> {
+            let revised = cx.revise.iter().position(|(k, _)| k == key);
+            let new = || {
+                let i = self.to_allocate.iter().position(|(k, _)| k == key)?;
+                Some(cx.revise.len() + i)
+            };
+            built.get(revised.or_else(new)?)
+        };
+        let pod_claims: Vec<node_allocatable::PodClaim<'_>> = self
+            .named
+            .iter()
+            .filter_map(|(pod_claim, key)| {
+                let allocation = claims::allocation(&cx.state.claims[key]).or(found_for(key))?;
+                Some(node_allocatable::PodClaim {
+                    pod_claim,
+                    claim_name: &key.name,
+                    allocation,
+                })
+            })
+            .collect();
+        let statuses =
+            node_allocatable::claim_statuses(cx.pod, &pod_claims, &cx.state.slices, node)
+                .map_err(Status::error)?;
+        if !statuses.is_empty() {
+            let (reasons, unresolvable) =
+                node_allocatable::insufficient(cx.pod, &statuses, node).map_err(Status::error)?;
+            if !reasons.is_empty() {
+                let code = if unresolvable {
+                    Code::UnschedulableAndUnresolvable
+                } else {
+                    Code::Unschedulable
+                };
+                return Err(Status::new(code, reasons));
+            }
+        }
+        drop(pod_claims);
+        devices.found = Found::Built(built);
+        devices.node_allocatable = statuses;
+        Ok(devices)
+    }
+
     /// The claims one allocator searches: other members' claims to choose again first,
     /// then this pod's unallocated claims.
     fn claims_to_allocate(&self) -> Vec<&'a ResourceClaim> {
@@ -327,6 +430,7 @@ impl<'a> DraCycle<'a> {
         let Some(allocator) = allocator else {
             return Ok(NodeDevices {
                 found: Found::Nothing,
+                node_allocatable: Vec::new(),
                 quality: None,
                 ext_claim,
                 took: Duration::ZERO,
@@ -354,6 +458,7 @@ impl<'a> DraCycle<'a> {
                         };
                         Ok(NodeDevices {
                             found,
+                            node_allocatable: Vec::new(),
                             quality,
                             ext_claim,
                             took,
