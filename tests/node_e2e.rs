@@ -141,7 +141,19 @@ impl HostAdditions {
                 && Path::new("/usr/lib/cni/host-local").exists(),
             "/usr/lib/cni/bridge and host-local are missing: apt-get install containernetworking-plugins"
         );
-        run(ip().args(["link", "add", BRIDGE, "type", "bridge"]));
+        // A fixed MAC: a bridge without one takes the lowest MAC of its ports, so it
+        // changes as pods come and go, and the pods' cached neighbour entry for the gateway
+        // goes stale: their traffic to the API server stalls for seconds (CI runs saw the
+        // leader's Lease renewals and its events hang right after pods were replaced).
+        run(ip().args([
+            "link",
+            "add",
+            BRIDGE,
+            "address",
+            "02:00:0a:f4:00:01",
+            "type",
+            "bridge",
+        ]));
         run(ip().args([
             "addr",
             "add",
@@ -494,7 +506,7 @@ impl E2e<'_> {
     }
 
     fn scheduled_by(&self, pod: &str) -> String {
-        wait(&format!("the Scheduled event of {pod}"), 30, || {
+        wait(&format!("the Scheduled event of {pod}"), 60, || {
             let events = self.kube.items(&[
                 "-n",
                 NS,

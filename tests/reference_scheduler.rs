@@ -30,6 +30,7 @@ const EXAMPLES: &[&str] = &[
     "compatibility-groups",
     "list-attributes",
     "node-allocatable-resources",
+    "optional-node-operations",
 ];
 
 /// The examples of 1.37's alpha DRA features, whose devices are compared too.
@@ -38,6 +39,7 @@ const ALPHA_EXAMPLES: &[&str] = &[
     "compatibility-groups",
     "list-attributes",
     "node-allocatable-resources",
+    "optional-node-operations",
 ];
 
 /// The test cluster runs with every DRA gate on, the alpha ones included: simulate too.

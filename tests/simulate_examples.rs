@@ -823,7 +823,7 @@ fn devices_that_skip_node_operations_go_only_to_a_node_that_declares_it_can() {
     let results = &r.claim("default/first-fpga")["allocation"]["devices"]["results"][0];
     assert_eq!(
         results["skipNodeOperations"],
-        serde_json::json!(["Prepare"])
+        serde_json::json!(["NodePrepareResources", "NodeUnprepareResources"])
     );
     assert_eq!(r.node("default/second"), None);
     assert!(

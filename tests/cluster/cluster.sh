@@ -74,6 +74,7 @@ DRA_FEATURE_GATES=(
   DRAFractionalCapacityRange
   DRAListTypeAttributes
   DRANodeAllocatableResources
+  DRAOptionalNodeOperations
   DRAPartitionableDevices
   DRAPartitionableDevicesType
   DRAPrioritizedList

@@ -367,7 +367,7 @@ pub fn generate_gated(seed: u64, size: Size) -> Case {
     let links = ["l1", "l2", "l3"];
     for slice in &mut case.slices {
         if rng.chance(15) {
-            slice.spec.skip_node_operations = Some(vec!["Prepare".into()]);
+            slice.spec.skip_node_operations = Some(vec!["NodePrepareResources".into()]);
         }
         let driver = slice.spec.driver.clone();
         for device in slice.spec.devices.iter_mut().flatten() {
