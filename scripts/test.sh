@@ -70,5 +70,11 @@ cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "cargo test"
-cargo test --workspace --locked --no-fail-fast
+# The test binaries `cargo test --workspace` builds, two at a time (most wait on a control
+# plane; the real-node test runs alone), each to the end; then the doc tests.
+step "cargo test: test binaries two at a time (scripts/run_tests.py)"
+status=0
+python3 scripts/run_tests.py || status=1
+step "cargo test --doc"
+cargo test --workspace --locked --doc || status=1
+exit $status
