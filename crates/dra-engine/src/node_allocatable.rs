@@ -14,7 +14,8 @@
 //! - the demand must fit in what the node has left for cpu, memory, ephemeral-storage and
 //!   hugepages ("Insufficient cpu"; unresolvable when more than the node's allocatable);
 //! - a claim with a mapped device cannot be shared: reserved for another pod, the pod is
-//!   unschedulable.
+//!   unschedulable;
+//! - pod-level `spec.resources` must cover the containers plus what the devices map.
 //!
 //! The statuses go into the pod's status before binding (the binder writes them), and the
 //! pods bound to a node count them in what the node has requested
@@ -34,7 +35,7 @@ use k8s_openapi::api::resource::v1::{
 
 use crate::plugins::node_affinity::node_selector_terms_match;
 use crate::plugins::node_resources_fit::Units;
-use crate::resources::{ResourceList, pod_requests_with};
+use crate::resources::{ResourceList, containers_with_dra, pod_requests_with};
 use crate::state::NodeInfo;
 
 /// One of the pod's claims: its name in the pod (`spec.resourceClaims[].name`), the
@@ -314,6 +315,80 @@ pub fn insufficient(
         }
     }
     Ok((reasons, unresolvable))
+}
+
+/// Why pod-level `spec.resources` does not cover the containers plus what the devices map
+/// (upstream's `validatePodLevelResourcesCoverDRA`): a pod-level request for cpu, memory or
+/// hugepages below the containers' sum with the statuses added, or a container's limit plus
+/// what the devices map for it above the pod-level limit. `None` when covered. (Upstream's
+/// third check, aggregated hugepages limits, is not made.)
+pub fn pod_level_shortfall(
+    pod: &Pod,
+    statuses: &[NodeAllocatableResourceClaimStatus],
+) -> Result<Option<String>, String> {
+    let Some(level) = pod.spec.as_ref().and_then(|s| s.resources.as_ref()) else {
+        return Ok(None);
+    };
+    if statuses.is_empty() {
+        return Ok(None);
+    }
+    let supported =
+        |name: &str| name == "cpu" || name == "memory" || name.starts_with("hugepages-");
+    let aggregate = containers_with_dra(pod, Some(statuses))?;
+    for (name, wanted) in ResourceList::parse(level.requests.as_ref())?.0 {
+        if supported(&name) && aggregate.0.get(&name).is_some_and(|have| *have > wanted) {
+            return Ok(Some(format!(
+                "pod level request for {name} is insufficient to cover the aggregated container and node-allocatable DRA requests"
+            )));
+        }
+    }
+    let pod_limits = ResourceList::parse(level.limits.as_ref())?;
+    for c in &pod.spec.as_ref().expect("spec checked").containers {
+        let limits = ResourceList::parse(c.resources.as_ref().and_then(|r| r.limits.as_ref()))?;
+        let mapped = container_allocations(statuses, &c.name)?;
+        for (name, limit) in limits.0 {
+            let Some(pod_limit) = pod_limits.0.get(&name) else {
+                continue;
+            };
+            if name.starts_with("hugepages-") {
+                continue;
+            }
+            if limit + mapped.get(&name) > *pod_limit {
+                return Ok(Some(format!(
+                    "pod level limit for {name} is insufficient to cover the limit and DRA overhead for container {}",
+                    c.name
+                )));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// What the statuses that list `container` map for it: each mapping, and the per-pod and
+/// per-container overheads once (upstream's `GetContainerDRAAllocations`).
+fn container_allocations(
+    statuses: &[NodeAllocatableResourceClaimStatus],
+    container: &str,
+) -> Result<ResourceList, String> {
+    let mut out = ResourceList::default();
+    for status in statuses {
+        if !status.containers.iter().flatten().any(|c| c == container) {
+            continue;
+        }
+        let mut add = |name: &str, q: Quantity| {
+            let entry = out.0.entry(name.to_string()).or_default();
+            *entry = entry.checked_add(&q).unwrap_or(*entry);
+        };
+        for m in status.mapping.iter().flatten() {
+            add(&m.name, quantity(&m.quantity, &m.name)?);
+        }
+        for o in status.overhead.iter().flatten() {
+            for q in [&o.per_pod, &o.per_container].into_iter().flatten() {
+                add(&o.name, quantity(q, &o.name)?);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Whether the claim's devices map node resources (`mapping`, not overhead alone): such a

@@ -92,6 +92,36 @@ pub fn pod_requests_with(
             .as_ref()
             .and_then(|s| s.node_allocatable_resource_claim_statuses.as_deref())
     });
+    let mut total = containers_with_dra(pod, statuses)?;
+    if let Some(pod_level) = spec.resources.as_ref() {
+        let pod_requests = ResourceList::parse(pod_level.requests.as_ref())?;
+        let pod_limits = ResourceList::parse(pod_level.limits.as_ref())?;
+        for (name, q) in pod_limits.0.iter() {
+            if (name == "cpu" || name == "memory") && !pod_requests.0.contains_key(name) {
+                total.0.insert(name.clone(), *q);
+            }
+        }
+        for (name, q) in pod_requests.0 {
+            if name == "cpu" || name == "memory" {
+                total.0.insert(name, q);
+            }
+        }
+    }
+    let overhead = ResourceList::parse(spec.overhead.as_ref())?;
+    total.add(&overhead);
+    Ok(total)
+}
+
+/// The pod's containers' requests (regular, sidecar and the init peak) with what its devices
+/// map (`statuses`), before pod-level resources and pod overhead: upstream's
+/// `AggregateContainerRequests`.
+pub fn containers_with_dra(
+    pod: &Pod,
+    statuses: Option<&[NodeAllocatableResourceClaimStatus]>,
+) -> Result<ResourceList, String> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(ResourceList::default());
+    };
     let mut total = ResourceList::default();
     for c in &spec.containers {
         total.add(&container_requests(c)?);
@@ -114,22 +144,6 @@ pub fn pod_requests_with(
     if let Some(statuses) = statuses.filter(|s| !s.is_empty()) {
         total.add(&crate::node_allocatable::added_requests(statuses)?);
     }
-    if let Some(pod_level) = spec.resources.as_ref() {
-        let pod_requests = ResourceList::parse(pod_level.requests.as_ref())?;
-        let pod_limits = ResourceList::parse(pod_level.limits.as_ref())?;
-        for (name, q) in pod_limits.0.iter() {
-            if (name == "cpu" || name == "memory") && !pod_requests.0.contains_key(name) {
-                total.0.insert(name.clone(), *q);
-            }
-        }
-        for (name, q) in pod_requests.0 {
-            if name == "cpu" || name == "memory" {
-                total.0.insert(name, q);
-            }
-        }
-    }
-    let overhead = ResourceList::parse(spec.overhead.as_ref())?;
-    total.add(&overhead);
     Ok(total)
 }
 

@@ -211,3 +211,44 @@ fn a_claim_with_a_mapped_device_is_not_shared_between_pods() {
         "{message}"
     );
 }
+
+#[test]
+fn pod_level_resources_must_cover_what_the_devices_map() {
+    let with_pod_level = |name: &str, resources: Value| {
+        let mut v = serde_json::to_value(pod(name, "4", Some(&format!("{name}-gpu")))).unwrap();
+        v["spec"]["resources"] = resources;
+        serde_json::from_value::<Pod>(v).unwrap()
+    };
+    let mut engine = engine(
+        true,
+        "32",
+        vec![
+            with_pod_level("short", json!({"requests": {"cpu": "8"}})),
+            with_pod_level("capped", json!({"limits": {"cpu": "8"}})),
+            with_pod_level("covered", json!({"requests": {"cpu": "10"}})),
+        ],
+        vec![
+            claim("short-gpu", "gpu", None),
+            claim("capped-gpu", "gpu", None),
+            claim("covered-gpu", "gpu", None),
+        ],
+    );
+    // 4 for the container + 6 the GPU maps > 8.
+    let message = unschedulable(&mut engine, "short");
+    assert!(
+        message.contains("pod level request for cpu is insufficient to cover the aggregated container and node-allocatable DRA requests"),
+        "{message}"
+    );
+    placed(&mut engine, "covered");
+    // With a container limit of 4: 4 + the 6 the GPU maps for it > the pod's limit of 8.
+    let mut v =
+        serde_json::to_value(engine.state().pods[&ObjectKey::new("ml", "capped")].clone()).unwrap();
+    v["spec"]["containers"][0]["resources"]["limits"] = json!({"cpu": "4"});
+    let capped: Pod = serde_json::from_value(v).unwrap();
+    engine.upsert_pod(capped);
+    let message = unschedulable(&mut engine, "capped");
+    assert!(
+        message.contains("pod level limit for cpu is insufficient to cover the limit and DRA overhead for container main"),
+        "{message}"
+    );
+}

@@ -5,11 +5,15 @@
 //! - PreFilter: resolve the pod's claims; build one allocator for all claims to allocate
 //!   (selectors compiled once for all nodes).
 //! - Filter: claims already allocated must be reachable from the node; the rest are
-//!   allocated on it (`dra-allocator`), within the attempt's budget.
+//!   allocated on it (`dra-allocator`), within the attempt's budget. With
+//!   DRANodeAllocatableResources, what the pod's devices map of the node's CPU, memory or
+//!   hugepages is added to its requests and must fit, and a claim with a mapped device is
+//!   not shared ([`crate::node_allocatable`]).
 //! - PostFilter: a claim allocated for this pod but reserved for nobody can be given back.
 //! - Score: the prioritized-list score (firstAvailable subrequests chosen), as upstream.
-//! - Reserve: the allocation results for the chosen node go into the placement; the
-//!   binder writes them (PreBind) before the binding.
+//! - Reserve: the allocation results for the chosen node (and the pod's node allocatable
+//!   resource claim statuses) go into the placement; the binder writes them (PreBind)
+//!   before the binding.
 //!
 //! For a PodGroup's joint allocation the cycle may carry claims of other members already
 //! on the node ([`Cycle::revise`]): they are allocated again in one search with this pod's
@@ -370,6 +374,11 @@ impl<'a> DraCycle<'a> {
         let statuses =
             node_allocatable::claim_statuses(cx.pod, &pod_claims, &cx.state.slices, node)
                 .map_err(Status::error)?;
+        if let Some(why) =
+            node_allocatable::pod_level_shortfall(cx.pod, &statuses).map_err(Status::error)?
+        {
+            return Err(Status::unresolvable(why));
+        }
         if !statuses.is_empty() {
             let (reasons, unresolvable) =
                 node_allocatable::insufficient(cx.pod, &statuses, node).map_err(Status::error)?;
