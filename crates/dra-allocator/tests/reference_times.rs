@@ -10,7 +10,11 @@ mod common;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use dra_allocator::{Snapshot, SnapshotInput};
+use k8s_openapi::api::resource::v1::ResourceSlice;
 
 /// How a pod's time is taken.
 #[derive(Clone, Copy, PartialEq)]
@@ -20,12 +24,27 @@ enum Mode {
     /// A fresh snapshot per run, built outside the timing, so every selector is evaluated.
     Cold,
     /// A fresh snapshot per run, built inside the timing (`Snapshot::new` counted, as the
-    /// reference counts its `NewAllocator`).
+    /// reference counts its `NewAllocator`; the slices are shared, not copied, as in the
+    /// engine).
     ColdWithSnapshot,
+}
+
+/// `Snapshot::new` for the case, given its slices as the engine holds them (shared): what
+/// the daemon pays, without the test's copy of every slice.
+fn build(case: &common::Case, slices: &[Arc<ResourceSlice>]) -> Snapshot {
+    Snapshot::new(SnapshotInput {
+        classes: case.classes.clone(),
+        slices: slices.to_vec(),
+        taint_rules: case.taint_rules.clone(),
+        allocations: case.allocations.clone(),
+        features: case.features(),
+        selector_cache: None,
+    })
 }
 
 /// Best of `runs` pods.
 fn our_time(case: &common::Case, runs: u32, mode: Mode) -> (Duration, usize) {
+    let slices: Vec<Arc<ResourceSlice>> = case.slices.iter().cloned().map(Arc::new).collect();
     let mut snap = case.snapshot();
     let mut fits = 0;
     let mut best = Duration::MAX;
@@ -36,7 +55,7 @@ fn our_time(case: &common::Case, runs: u32, mode: Mode) -> (Duration, usize) {
         let start = Instant::now();
         let fresh;
         let used = if mode == Mode::ColdWithSnapshot {
-            fresh = case.snapshot();
+            fresh = build(case, &slices);
             &fresh
         } else {
             &snap
@@ -95,4 +114,22 @@ fn reference_times() {
             micros / 1e6 / cold_snapshot.as_secs_f64()
         );
     }
+}
+
+/// `Snapshot::new` of case a, 100 times, for a profiler:
+/// `perf record -g target/release/deps/reference_times-* --ignored snapshot_new_loop`.
+#[test]
+#[ignore]
+fn snapshot_new_loop_for_profiling() {
+    let (_, make) = common::cases::all().into_iter().next().unwrap();
+    let case = make();
+    let slices: Vec<Arc<ResourceSlice>> = case.slices.iter().cloned().map(Arc::new).collect();
+    let start = Instant::now();
+    for _ in 0..100 {
+        std::hint::black_box(build(&case, &slices));
+    }
+    eprintln!(
+        "Snapshot::new, case a: {:.3} ms each",
+        start.elapsed().as_secs_f64() * 10.0
+    );
 }
