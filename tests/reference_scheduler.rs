@@ -273,17 +273,16 @@ async fn kube_scheduler_and_simulate_place_the_same_pods_second_half() {
     compare_with_kube_scheduler(&EXAMPLES[EXAMPLES.len() / 2..]).await;
 }
 
+/// REFERENCE_EXAMPLES=a,b runs only those examples (for debugging one of them).
+fn selected(name: &str) -> bool {
+    std::env::var("REFERENCE_EXAMPLES")
+        .map(|only| only.split(',').any(|x| x == name))
+        .unwrap_or(true)
+}
+
 async fn compare_with_kube_scheduler(examples: &[&str]) {
     let mut report = Vec::new();
-    // REFERENCE_EXAMPLES=a,b runs only those examples (for debugging one of them).
-    let only = std::env::var("REFERENCE_EXAMPLES").ok();
-    for name in examples {
-        if only
-            .as_deref()
-            .is_some_and(|o| !o.split(',').any(|x| x == *name))
-        {
-            continue;
-        }
+    for name in examples.iter().filter(|name| selected(name)) {
         eprintln!("example {name}");
         // Each example has its own cluster: examples reuse node and class names.
         let cluster = TestCluster::dedicated();
@@ -478,15 +477,7 @@ async fn dra_scheduler_run_with_the_alpha_gates_places_like_simulate() {
 }
 
 async fn run_like_simulate(examples: &[&str], extra: &[&str], features: dra_engine::Features) {
-    // REFERENCE_EXAMPLES=a,b runs only those examples (for debugging one of them).
-    let only = std::env::var("REFERENCE_EXAMPLES").ok();
-    for name in examples {
-        if only
-            .as_deref()
-            .is_some_and(|o| !o.split(',').any(|x| x == *name))
-        {
-            continue;
-        }
+    for name in examples.iter().filter(|name| selected(name)) {
         eprintln!("example {name}");
         let cluster = TestCluster::dedicated();
         let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_dra-scheduler"))
