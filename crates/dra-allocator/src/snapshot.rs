@@ -271,6 +271,8 @@ pub struct Snapshot {
     id_entries: Vec<(u64, u32)>,
     /// Complete pools, built once: (driver, pool) → (generation, #slices, pool).
     pool_cache: Vec<Option<(i64, usize, Arc<PoolStatic>)>>,
+    /// Some device maps node allocatable resources (DRANodeAllocatableResources).
+    maps_node_resources: bool,
 }
 
 /// The parts of a slice that deciding which pools a node sees reads.
@@ -438,6 +440,7 @@ impl Snapshot {
         let mut interner = cache.interner.write().expect("not poisoned");
         let mut buf = Vec::new();
         let mut view_pairs = Vec::new();
+        let mut maps_node_resources = false;
         let mut texts: HashMap<String, u32> = HashMap::new();
         let mut devices = Vec::new();
         let mut slice_devices = Vec::with_capacity(slices.len());
@@ -494,6 +497,10 @@ impl Snapshot {
                                 id
                             }
                         });
+                maps_node_resources |= device
+                    .node_allocatable_resources
+                    .as_ref()
+                    .is_some_and(|m| !m.is_empty());
                 let view = interner.device(&mut buf, &mut view_pairs, &spec.driver, device);
                 let next = sigs.len() as u32;
                 let sym = *sigs
@@ -603,6 +610,7 @@ impl Snapshot {
             entry_usage: Vec::new(),
             id_entries: Vec::new(),
             pool_cache: Vec::new(),
+            maps_node_resources,
         };
         snapshot.entry_usage = vec![None; snapshot.devices.len()];
         let mut id_entries: Vec<(u64, u32)> = (0..snapshot.devices.len() as u32)
@@ -887,6 +895,31 @@ impl Snapshot {
     /// snapshot evaluates selectors anew but does not compile them again.
     /// A derived attribute's expression, compiled by the snapshot's CEL environment (which
     /// caches it).
+    /// The devices of the snapshot with this driver, pool and name, each with its slice
+    /// (more than one only where slices of a pool repeat a name).
+    pub fn devices_named<'s, 'a>(
+        &'s self,
+        driver: &'a str,
+        pool: &'a str,
+        name: &'a str,
+    ) -> impl Iterator<Item = (&'s ResourceSlice, &'s Device)> + use<'s, 'a> {
+        let h = id_hash(driver, pool, name);
+        let from = self.id_entries.partition_point(|&(x, _)| x < h);
+        self.id_entries[from..]
+            .iter()
+            .take_while(move |&&(x, _)| x == h)
+            .map(|&(_, e)| self.device(e))
+            .filter(move |(slice, device)| {
+                slice.spec.driver == driver && slice.spec.pool.name == pool && device.name == name
+            })
+    }
+
+    /// Whether some device maps node allocatable resources (`nodeAllocatableResources`):
+    /// only then does a scheduler have anything of DRANodeAllocatableResources to count.
+    pub fn maps_node_resources(&self) -> bool {
+        self.maps_node_resources
+    }
+
     pub(crate) fn compile_derived(
         &self,
         expression: &str,

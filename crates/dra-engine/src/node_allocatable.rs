@@ -23,6 +23,7 @@
 
 use std::collections::BTreeMap;
 
+use dra_allocator::Snapshot;
 use dra_cel::Quantity;
 use k8s_openapi::api::core::v1::{
     NodeAllocatableMappedResources, NodeAllocatableOverheadResources,
@@ -46,15 +47,6 @@ pub struct PodClaim<'a> {
     pub allocation: &'a AllocationResult,
 }
 
-/// Whether any device of `slices` maps node allocatable resources: only then is there
-/// anything to count.
-pub fn any_mapping_devices(slices: &[std::sync::Arc<ResourceSlice>]) -> bool {
-    slices
-        .iter()
-        .flat_map(|s| s.spec.devices.iter().flatten())
-        .any(maps_anything)
-}
-
 fn maps_anything(device: &Device) -> bool {
     device
         .node_allocatable_resources
@@ -67,7 +59,7 @@ fn maps_anything(device: &Device) -> bool {
 pub fn claim_statuses(
     pod: &Pod,
     claims: &[PodClaim<'_>],
-    slices: &[std::sync::Arc<ResourceSlice>],
+    snapshot: &Snapshot,
     node: &NodeInfo,
 ) -> Result<Vec<NodeAllocatableResourceClaimStatus>, String> {
     let mut out = Vec::new();
@@ -82,14 +74,14 @@ pub fn claim_statuses(
         // passed over here, as upstream does).
         if !results
             .iter()
-            .any(|r| device_of(slices, r, node).is_ok_and(maps_anything))
+            .any(|r| device_of(snapshot, r, node).is_ok_and(maps_anything))
         {
             continue;
         }
         let mut mapped: BTreeMap<String, Quantity> = BTreeMap::new();
         let mut overhead: BTreeMap<String, (Option<Quantity>, Option<Quantity>)> = BTreeMap::new();
         for result in results {
-            let device = device_of(slices, result, node).map_err(|e| {
+            let device = device_of(snapshot, result, node).map_err(|e| {
                 format!(
                     "claim {}, device {}, driver {}: {e}",
                     claim.claim_name, result.device, result.driver
@@ -136,26 +128,18 @@ pub fn claim_statuses(
 /// The device a result names, in the slices that reach the node (the first slice of the
 /// driver and pool that has it).
 fn device_of<'s>(
-    slices: &'s [std::sync::Arc<ResourceSlice>],
+    snapshot: &'s Snapshot,
     result: &DeviceRequestAllocationResult,
     node: &NodeInfo,
 ) -> Result<&'s Device, String> {
-    for slice in slices.iter().filter(|s| slice_reaches(s, node)) {
-        if slice.spec.driver != result.driver || slice.spec.pool.name != result.pool {
-            continue;
+    let found = snapshot
+        .devices_named(&result.driver, &result.pool, &result.device)
+        .find(|(slice, _)| slice_reaches(slice, node));
+    if let Some((slice, device)) = found {
+        if slice.spec.per_device_node_selection == Some(true) && !device_reaches(device, node) {
+            return Err(format!("device {} does not match node", result.device));
         }
-        if let Some(device) = slice
-            .spec
-            .devices
-            .iter()
-            .flatten()
-            .find(|d| d.name == result.device)
-        {
-            if slice.spec.per_device_node_selection == Some(true) && !device_reaches(device, node) {
-                return Err(format!("device {} does not match node", result.device));
-            }
-            return Ok(device);
-        }
+        return Ok(device);
     }
     Err(format!(
         "device {} not found in pool {} for driver {}",
@@ -393,7 +377,7 @@ fn container_allocations(
 
 /// Whether the claim's devices map node resources (`mapping`, not overhead alone): such a
 /// claim is not shared between pods.
-pub fn has_mapped_device(claim: &ResourceClaim, slices: &[std::sync::Arc<ResourceSlice>]) -> bool {
+pub fn has_mapped_device(claim: &ResourceClaim, snapshot: &Snapshot) -> bool {
     let Some(allocation) = crate::claims::allocation(claim) else {
         return false;
     };
@@ -402,11 +386,10 @@ pub fn has_mapped_device(claim: &ResourceClaim, slices: &[std::sync::Arc<Resourc
         .iter()
         .flat_map(|d| d.results.iter().flatten())
         .filter_map(|r| {
-            slices
-                .iter()
-                .filter(|s| s.spec.driver == r.driver && s.spec.pool.name == r.pool)
-                .flat_map(|s| s.spec.devices.iter().flatten())
-                .find(|d| d.name == r.device)
+            snapshot
+                .devices_named(&r.driver, &r.pool, &r.device)
+                .next()
+                .map(|(_, d)| d)
         })
         .any(|d| {
             d.node_allocatable_resources

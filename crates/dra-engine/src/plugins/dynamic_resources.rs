@@ -131,8 +131,8 @@ impl<'a> PluginCycle for DraCycle<'a> {
             Err(e) => return Status::unresolvable(e.message),
         };
         self.keys = self.named.iter().map(|(_, key)| key.clone()).collect();
-        self.maps_node_resources = cx.features.node_allocatable_resources
-            && node_allocatable::any_mapping_devices(&cx.state.slices);
+        self.maps_node_resources =
+            cx.features.node_allocatable_resources && cx.snapshot.maps_node_resources();
         self.ext = extended::requests_served_by_dra(cx.requests, &cx.state.classes);
         if self.keys.is_empty() && self.ext.is_empty() {
             return Status::skip();
@@ -320,7 +320,7 @@ impl<'a> DraCycle<'a> {
         self.allocated.iter().find_map(|(key, claim)| {
             let shared = !claims::reserved_for(claim).is_empty()
                 && !claims::is_reserved_for(claim, name, uid)
-                && node_allocatable::has_mapped_device(claim, &self.cycle.state.slices);
+                && node_allocatable::has_mapped_device(claim, self.cycle.snapshot);
             shared.then(|| {
                 Status::unresolvable(format!(
                     "node allocatable resource claim {} has a mapped device and cannot be shared across pods",
@@ -371,9 +371,8 @@ impl<'a> DraCycle<'a> {
                 })
             })
             .collect();
-        let statuses =
-            node_allocatable::claim_statuses(cx.pod, &pod_claims, &cx.state.slices, node)
-                .map_err(Status::error)?;
+        let statuses = node_allocatable::claim_statuses(cx.pod, &pod_claims, cx.snapshot, node)
+            .map_err(Status::error)?;
         if let Some(why) =
             node_allocatable::pod_level_shortfall(cx.pod, &statuses).map_err(Status::error)?
         {
