@@ -480,23 +480,12 @@ async fn run_like_simulate(examples: &[&str], extra: &[&str], features: dra_engi
     for name in examples.iter().filter(|name| selected(name)) {
         eprintln!("example {name}");
         let cluster = TestCluster::dedicated();
-        let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_dra-scheduler"))
-            .args(["run", "--kubeconfig"])
-            .arg(cluster.kubeconfig_path())
-            .args([
-                "--metrics-bind-address",
-                "127.0.0.1:0",
-                "--leader-elect=false",
-            ])
-            .args(extra)
-            // Its log is on stderr: warnings only, unless RUST_LOG asks for more.
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("start dra-scheduler run");
+        // Killed when dropped, also when an assertion below fails.
+        let args: Vec<&str> = ["--leader-elect=false"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        let _daemon = common::start_scheduler_with(&cluster, &args);
         let client = cluster.client().await;
         let dir = example(name);
         let live = apply_in_order(&cluster, &client, &dir, "default").await;
@@ -552,8 +541,6 @@ async fn run_like_simulate(examples: &[&str], extra: &[&str], features: dra_engi
             node_allocatable(simulated_pods(&sim)),
             "example {name}: nodeAllocatableResourceClaimStatuses written by the daemon and by simulate"
         );
-        let _ = daemon.kill();
-        let _ = daemon.wait();
         drop(cluster);
     }
 }
