@@ -1338,6 +1338,17 @@ fn rollouts(e2e: &E2e<'_>, product: &dyn Fn(&str) -> String, scrape: &dyn Fn() -
             (!old.contains(&placed[0].pod.as_str())).then(|| placed[0].clone())
         })
     };
+    // `kubectl rollout restart` stamps the second: a second restart within the same
+    // second is refused, so it is asked again (a CI run saw a pod Running within it).
+    let restart = || {
+        wait("kubectl rollout restart", 10, || {
+            match kube.try_run(&["-n", NS, "rollout", "restart", "deployment/inference"]) {
+                Ok(_) => Some(()),
+                Err(e) if e.contains("within the past second") => None,
+                Err(e) => panic!("kubectl rollout restart: {e}"),
+            }
+        })
+    };
     let mut rows: Vec<(String, String, String)> = Vec::new();
     // What the leader said, for a failure's message.
     let leader_log = || -> String {
@@ -1369,7 +1380,7 @@ fn rollouts(e2e: &E2e<'_>, product: &dyn Fn(&str) -> String, scrape: &dyn Fn() -
     assert_eq!(product(&x.device), "NVIDIA RTX A5000", "{x:?}");
 
     // 1. kubectl rollout restart: the replacement waits for the A5000 and gets it.
-    kube.run(&["-n", NS, "rollout", "restart", "deployment/inference"]);
+    restart();
     let y = next("the restart's replacement", &[&x.pod], 120);
     let waited = events(&y.pod, "WaitingForDevice");
     println!(
@@ -1461,10 +1472,10 @@ fn rollouts(e2e: &E2e<'_>, product: &dyn Fn(&str) -> String, scrape: &dyn Fn() -
             .any(|c| c["metadata"]["uid"] == z2.claim_uid.as_str()))
         .then_some(())
     });
-    kube.run(&["-n", NS, "rollout", "restart", "deployment/inference"]);
+    restart();
     let w2 = next("kube-scheduler's pod on the free A5000", &[&w.pod], 120);
     assert_eq!(product(&w2.device), "NVIDIA RTX A5000", "{w2:?}");
-    kube.run(&["-n", NS, "rollout", "restart", "deployment/inference"]);
+    restart();
     let w3 = next("kube-scheduler's restart replacement", &[&w2.pod], 120);
     assert_eq!(product(&w3.device), "NVIDIA T10", "{w3:?}");
     rows.push((
@@ -1481,7 +1492,7 @@ fn rollouts(e2e: &E2e<'_>, product: &dyn Fn(&str) -> String, scrape: &dyn Fn() -
     let v = next("a pod that ignores SIGTERM", &[&w3.pod], 120);
     assert_eq!(product(&v.device), "NVIDIA RTX A5000", "{v:?}");
     let restarted = Instant::now();
-    kube.run(&["-n", NS, "rollout", "restart", "deployment/inference"]);
+    restart();
     let v2 = next(
         "the replacement of a pod that does not finish",
         &[&v.pod],
