@@ -4,8 +4,8 @@ time: the same binaries, each in its package's directory, every one to the end.
 
 Most integration tests wait on a control plane (a CI run used 28% of the machine's two
 cores over 27 minutes), so two binaries side by side halve the wall time. Binaries named
-in ALONE (timing-sensitive: a real kubelet and containerd with kill faults) run with
-nothing beside them. Each binary's output is printed whole when it ends; a summary with
+in ALONE (timing-sensitive: a real kubelet and containerd with kill faults; kill storms and
+search budgets) run with nothing beside them. Each binary's output is printed whole when it ends; a summary with
 times closes the run. Exit status 1 when any binary failed.
 
 Usage: scripts/run_tests.py [--jobs N]   (after `cargo build`-ing nothing: it builds)
@@ -37,7 +37,12 @@ EXPECTED = {
     "node": 23,
     "constraints": 22,
 }
-ALONE = {"node_e2e"}
+# resilience: under the load of another binary, its "a long search does not hold up other
+# pods" test saw 20 ordinary pods wait until the long search ended (20.3 s with a 20 s
+# budget, 40.1 s with 40 s; 1.0 s alone): very likely their first tries ran past the 500 ms
+# first-try budget on the starved CPUs and queued behind the long search. Alone until the
+# scheduler handles that.
+ALONE = {"node_e2e", "resilience"}
 
 
 def build():
