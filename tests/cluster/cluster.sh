@@ -23,6 +23,9 @@
 #   cluster.sh ctr DIR ARGS...    run ctr against the node's containerd (namespace k8s.io),
 #                                 e.g. `ctr DIR images import IMAGE.tar`
 #
+# `up` reads DRA_CLUSTER_KCM_QPS and DRA_CLUSTER_KCM_BURST: kube-controller-manager's client
+# budget (default 200 and 400; benchmarks raise it so that making claims from templates is
+# not the limit).
 # `up` reads DRA_CLUSTER_RUNTIME_CONFIG: more --runtime-config entries for kube-apiserver,
 # e.g. resource.k8s.io/v1/devicetaintrules=false to serve the APIs an older release serves,
 # and DRA_CLUSTER_ADMISSION_PLUGINS: admission plugins to enable besides the default ones,
@@ -397,7 +400,7 @@ up() {
     --feature-gates "$(feature_gates)" \
     --leader-elect=false \
     --concurrent-deployment-syncs 10 --concurrent-replicaset-syncs 10 \
-    --kube-api-qps 200 --kube-api-burst 400
+    --kube-api-qps "${DRA_CLUSTER_KCM_QPS:-200}" --kube-api-burst "${DRA_CLUSTER_KCM_BURST:-400}"
   # The controller manager is ready once it has created the default ServiceAccount
   # (pods are admitted only then).
   wait_for kube-controller-manager 120 "$dir" \
@@ -414,9 +417,10 @@ apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 clientConnection:
   kubeconfig: $dir/scheduler.kubeconfig
-  # The same write budget as dra-scheduler's default, so comparisons are fair.
-  qps: 100
-  burst: 200
+  # The same write budget as dra-scheduler's default, so comparisons are fair
+  # (DRA_SCHEDULER_QPS and DRA_SCHEDULER_BURST raise both for benchmarks).
+  qps: ${DRA_SCHEDULER_QPS:-100}
+  burst: ${DRA_SCHEDULER_BURST:-200}
 leaderElection:
   leaderElect: false
 profiles:

@@ -116,6 +116,16 @@ impl TestCluster {
         Self::dedicated_with(&[("DRA_CLUSTER_ADMISSION_PLUGINS", plugins)])
     }
 
+    /// A dedicated cluster whose kube-controller-manager has this client budget (queries
+    /// per second, burst) instead of 200/400: for benchmarks, where making a claim from each
+    /// pod's template must not be what limits the schedulers.
+    pub fn dedicated_with_controller_budget(qps: u32, burst: u32) -> TestCluster {
+        Self::dedicated_with(&[
+            ("DRA_CLUSTER_KCM_QPS", &qps.to_string()),
+            ("DRA_CLUSTER_KCM_BURST", &burst.to_string()),
+        ])
+    }
+
     /// A dedicated cluster started with `cluster.sh up`'s environment `env`.
     fn dedicated_with(env: &[(&str, &str)]) -> TestCluster {
         match Self::start(env, false) {
@@ -374,6 +384,34 @@ impl TestCluster {
         self.script(&["scheduler", scheduler_name]).map(|_| ())
     }
 
+    /// [`Self::start_reference_scheduler`] with this client budget (`clientConnection`'s
+    /// `qps` and `burst`) instead of the default 100 and 200.
+    pub fn start_reference_scheduler_with_budget(
+        &self,
+        scheduler_name: &str,
+        qps: u32,
+        burst: u32,
+    ) -> Result<(), String> {
+        let env = [
+            ("DRA_SCHEDULER_QPS", qps.to_string()),
+            ("DRA_SCHEDULER_BURST", burst.to_string()),
+        ];
+        self.script_with(&["scheduler", scheduler_name], &env)
+            .map(|_| ())
+    }
+
+    /// The process id of a control-plane component this cluster started (`etcd`,
+    /// `kube-apiserver`, `kube-controller-manager`, `kube-scheduler`), while it runs: for
+    /// reading its CPU time and memory in `/proc`.
+    pub fn pid(&self, component: &str) -> Option<u32> {
+        let pid: u32 = std::fs::read_to_string(self.dir.join("pids").join(component))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
+    }
+
     /// A kubeconfig for a new user `name` with no rights but what RBAC grants that user.
     pub fn user_kubeconfig(&self, name: &str) -> Result<PathBuf, String> {
         self.script(&["user", name])
@@ -389,11 +427,17 @@ impl TestCluster {
 
     /// Runs `cluster.sh COMMAND DIR ARGS...`; its standard output, or its error output.
     fn script(&self, args: &[&str]) -> Result<String, String> {
+        self.script_with(args, &[])
+    }
+
+    /// [`Self::script`] with more environment for the script.
+    fn script_with(&self, args: &[&str], env: &[(&str, String)]) -> Result<String, String> {
         let out = Command::new("bash")
             .arg(repo_root().join("tests/cluster/cluster.sh"))
             .arg(args[0])
             .arg(&self.dir)
             .args(&args[1..])
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .output()
             .map_err(|e| e.to_string())?;
         if out.status.success() {
