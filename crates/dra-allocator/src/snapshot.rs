@@ -273,6 +273,12 @@ pub struct Snapshot {
     pool_cache: Vec<Option<(i64, usize, Arc<PoolStatic>)>>,
     /// Some device maps node allocatable resources (DRANodeAllocatableResources).
     maps_node_resources: bool,
+    /// Unique in the process: a memo of answers from this snapshot is not used with another.
+    id: u64,
+    /// Per pool, how many times an allocation there was added or removed.
+    pool_versions: Vec<u64>,
+    /// Pools with slices that are not tied to one node by `nodeName` (any node may see them).
+    shared_pools: Vec<u32>,
 }
 
 /// The parts of a slice that deciding which pools a node sees reads.
@@ -579,6 +585,7 @@ impl Snapshot {
                 list
             })
             .collect();
+        let pool_keys_len = pool_keys.len();
         let mut snapshot = Snapshot {
             features,
             cache,
@@ -611,7 +618,21 @@ impl Snapshot {
             id_entries: Vec::new(),
             pool_cache: Vec::new(),
             maps_node_resources,
+            id: {
+                static NEXT: AtomicU64 = AtomicU64::new(1);
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            },
+            pool_versions: vec![0; pool_keys_len],
+            shared_pools: Vec::new(),
         };
+        let mut shared_pools: Vec<u32> = snapshot
+            .shared_slices
+            .iter()
+            .map(|&s| snapshot.slice_info[s as usize].pool)
+            .collect();
+        shared_pools.sort_unstable();
+        shared_pools.dedup();
+        snapshot.shared_pools = shared_pools;
         snapshot.entry_usage = vec![None; snapshot.devices.len()];
         let mut id_entries: Vec<(u64, u32)> = (0..snapshot.devices.len() as u32)
             .map(|entry| {
@@ -725,9 +746,35 @@ impl Snapshot {
                     && device.name == id.device
                 {
                     self.entry_usage[e as usize] = now.clone();
+                    let pool = self.slice_info[self.devices[e as usize].slice as usize].pool;
+                    self.pool_versions[pool as usize] += 1;
                 }
             }
         }
+    }
+
+    /// Which snapshot this is: unique in the process, the same after allocations are added
+    /// or removed (see [`Snapshot::node_stamp`]).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Changes whenever an allocation is added to or removed from a pool that `node` may
+    /// see (its own slices' pools, and every pool of slices not tied to one node): an answer
+    /// for the node found with this stamp, on this snapshot ([`Snapshot::id`]), for the same
+    /// claims and the same Node object, is still the answer.
+    pub fn node_stamp(&self, node: &str) -> u64 {
+        let local = self
+            .node_slices
+            .get(node)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let pools = local
+            .iter()
+            .map(|&s| self.slice_info[s as usize].pool)
+            .chain(self.shared_pools.iter().copied());
+        // Versions only grow, so the sum changes whenever one of them does.
+        pools.map(|p| self.pool_versions[p as usize]).sum()
     }
 
     /// The value of `resource.kubernetes.io/numaNode` behind a [`DeviceEntry::numa`] id.

@@ -302,6 +302,7 @@ impl Engine {
                 .map(|e| e.resource)
                 .collect();
         let snapshot = self.snapshot();
+        let device_memo = self.device_memo();
         let shared = Shared::default();
         let state = self.state();
         let revise = scope
@@ -330,6 +331,7 @@ impl Engine {
             served_by_devices: &served,
             shared: &shared,
             revise,
+            device_memo: Some(&device_memo),
         };
         let nodes: Vec<&NodeInfo> = match scope.nodes {
             Some(only) => only.iter().filter_map(|n| state.nodes.get(n)).collect(),

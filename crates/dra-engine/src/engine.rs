@@ -13,6 +13,7 @@ use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim, ResourceCl
 
 use crate::changes::Changes;
 use crate::claims;
+use crate::device_memo::DeviceMemo;
 use crate::framework::{Framework, Profile};
 use crate::state::{ClusterInput, ClusterState, ObjectKey, bound_node};
 
@@ -215,6 +216,8 @@ pub struct Engine {
     revised: std::sync::Mutex<Vec<(ObjectKey, AllocationResult)>>,
     /// Devices held for pods nominated by a preemption ([`Engine::nominate`]), by pod.
     nominations: BTreeMap<ObjectKey, Hold>,
+    /// DynamicResources' answers per node and claim shape ([`DeviceMemo`]).
+    device_memo: Arc<DeviceMemo>,
 }
 
 /// What a preemption freed, held for the nominated pod while its victims terminate: in
@@ -242,6 +245,7 @@ impl Engine {
             forked_at: None,
             revised: Default::default(),
             nominations: BTreeMap::new(),
+            device_memo: Arc::default(),
         }
     }
 
@@ -260,6 +264,7 @@ impl Engine {
             forked_at: Some(self.changes.now()),
             revised: Default::default(),
             nominations: self.nominations.clone(),
+            device_memo: Arc::default(),
         }
     }
 
@@ -315,6 +320,15 @@ impl Engine {
 
     pub(crate) fn record_search_steps(&self, steps: u64) {
         self.search_steps.store(steps, Ordering::Relaxed);
+    }
+
+    /// How many node answers DynamicResources took from its memo instead of searching.
+    pub fn device_memo_hits(&self) -> u64 {
+        self.device_memo.hits()
+    }
+
+    pub(crate) fn device_memo(&self) -> Arc<DeviceMemo> {
+        self.device_memo.clone()
     }
 
     pub(crate) fn record_revised(&self, revised: Vec<(ObjectKey, AllocationResult)>) {

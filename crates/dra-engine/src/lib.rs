@@ -42,6 +42,7 @@
 mod changes;
 pub mod claims;
 mod cycle;
+pub mod device_memo;
 pub mod engine;
 pub mod explain;
 pub mod extended;

@@ -91,6 +91,9 @@ pub struct NodeInfo {
     pub ports: Vec<HostPort>,
     /// Why the node's own object is unusable (e.g. a malformed allocatable quantity).
     pub broken: Option<String>,
+    /// Unique in the process for each Node object taken: a new one means the object
+    /// changed (what was found for the old one may not hold).
+    pub object_version: u64,
 }
 
 impl NodeInfo {
@@ -116,6 +119,10 @@ impl NodeInfo {
             pods_with_affinity: BTreeSet::new(),
             ports: Vec::new(),
             broken,
+            object_version: {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
         }
     }
 
@@ -486,6 +493,7 @@ impl ClusterState {
             info.node = fresh.node;
             info.allocatable = fresh.allocatable;
             info.broken = fresh.broken;
+            info.object_version = fresh.object_version;
             return;
         }
         let mut info = NodeInfo::new(node);

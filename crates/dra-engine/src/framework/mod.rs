@@ -116,6 +116,8 @@ pub struct Cycle<'a> {
     /// them again together with this pod's (joint allocation; see `crate::group`). Empty
     /// outside a group's repair step.
     pub revise: Vec<(ObjectKey, &'a ResourceClaim)>,
+    /// DynamicResources' answers per node, kept across attempts.
+    pub device_memo: Option<&'a crate::device_memo::DeviceMemo>,
 }
 
 impl Cycle<'_> {

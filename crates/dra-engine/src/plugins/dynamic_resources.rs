@@ -31,6 +31,7 @@ use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
 
 use super::node_affinity::node_selector_terms_match;
 use crate::claims::{self, ClaimsNotReady};
+use crate::device_memo;
 use crate::engine::{ClaimDecision, Placement};
 use crate::extended::{self, ExtendedRequest};
 use crate::framework::{
@@ -82,6 +83,11 @@ struct DraCycle<'a> {
     maps_node_resources: bool,
     /// What Filter found per node, for Score and Reserve.
     nodes: Mutex<HashMap<String, NodeDevices>>,
+    /// The claims' shape, when what is found on a node may be kept for later pods
+    /// ([`DeviceMemo`]): only this pod's own claims, no extended resources.
+    shape: Option<u128>,
+    /// The claims of that shape, namespace/name, in order.
+    shape_claims: Vec<String>,
 }
 
 impl Plugin for DynamicResources {
@@ -105,6 +111,8 @@ impl Plugin for DynamicResources {
             with_ext: None,
             maps_node_resources: false,
             nodes: Mutex::new(HashMap::new()),
+            shape: None,
+            shape_claims: Vec::new(),
         })
     }
 
@@ -158,6 +166,23 @@ impl<'a> PluginCycle for DraCycle<'a> {
             match Allocator::new(cx.snapshot, &plain) {
                 Ok(a) => self.plain = Some(a),
                 Err(e) => return Status::error(e.to_string()),
+            }
+            if let Some(memo) = cx.device_memo
+                && cx.revise.is_empty()
+                && self.ext.is_empty()
+            {
+                memo.begin(cx.snapshot);
+                self.shape = Some(device_memo::shape_of(&plain));
+                self.shape_claims = plain
+                    .iter()
+                    .map(|c| {
+                        format!(
+                            "{}/{}",
+                            c.metadata.namespace.as_deref().unwrap_or_default(),
+                            c.metadata.name.as_deref().unwrap_or_default()
+                        )
+                    })
+                    .collect();
             }
         }
         if !self.ext.is_empty() {
@@ -415,8 +440,52 @@ impl<'a> DraCycle<'a> {
             .collect()
     }
 
-    /// Allocate the pod's claims on the node, or say why not.
+    /// Allocate the pod's claims on the node, or say why not: the answer kept for the same
+    /// claims on the same node in the same state, or a search.
     fn allocate(&self, node: &NodeInfo) -> Result<NodeDevices, Status> {
+        let (Some(shape), Some(memo)) = (self.shape, self.cycle.device_memo) else {
+            return self.search(node);
+        };
+        let started = Instant::now();
+        if let Some(answer) = memo.get(shape, &self.shape_claims, self.cycle.snapshot, node) {
+            return answer.map(|a| NodeDevices {
+                quality: Some(a.quality.clone()),
+                found: Found::Plain(a),
+                node_allocatable: Vec::new(),
+                ext_claim: false,
+                took: started.elapsed(),
+            });
+        }
+        let searched = self.search(node);
+        let answer = match &searched {
+            Ok(NodeDevices {
+                found: Found::Plain(a),
+                ..
+            }) => Some(Ok(a.clone())),
+            Err(status)
+                if matches!(
+                    status.code,
+                    Code::Unschedulable | Code::UnschedulableAndUnresolvable
+                ) =>
+            {
+                Some(Err(status.clone()))
+            }
+            _ => None,
+        };
+        if let Some(answer) = answer {
+            memo.put(
+                shape,
+                &self.shape_claims,
+                self.cycle.snapshot,
+                node,
+                &answer,
+            );
+        }
+        searched
+    }
+
+    /// Search for devices for the pod's claims on the node, or say why none fit.
+    fn search(&self, node: &NodeInfo) -> Result<NodeDevices, Status> {
         let ext_here = self.ext_here(node);
         let own;
         // How a compact answer is kept for later; `None`: results are built at once.

@@ -725,6 +725,7 @@ pub(crate) mod scenario {
             served_by_devices: &[],
             shared: &shared,
             revise: Vec::new(),
+            device_memo: None,
         };
         let mut run = plugin.cycle(&cycle);
         let pre = run.pre_filter();
