@@ -754,27 +754,36 @@ impl Snapshot {
     }
 
     /// Which snapshot this is: unique in the process, the same after allocations are added
-    /// or removed (see [`Snapshot::node_stamp`]).
+    /// or removed (see [`Snapshot::pools_stamp`]).
     pub fn id(&self) -> u64 {
         self.id
     }
 
-    /// Changes whenever an allocation is added to or removed from a pool that `node` may
-    /// see (its own slices' pools, and every pool of slices not tied to one node): an answer
-    /// for the node found with this stamp, on this snapshot ([`Snapshot::id`]), for the same
-    /// claims and the same Node object, is still the answer.
-    pub fn node_stamp(&self, node: &str) -> u64 {
+    /// The pools `node` may see: its own slices' pools, and every pool of slices not tied
+    /// to one node (numbers for [`Snapshot::pools_stamp`], valid in this snapshot).
+    pub fn node_pools(&self, node: &str) -> Vec<u32> {
         let local = self
             .node_slices
             .get(node)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let pools = local
+        let mut pools: Vec<u32> = local
             .iter()
             .map(|&s| self.slice_info[s as usize].pool)
-            .chain(self.shared_pools.iter().copied());
+            .chain(self.shared_pools.iter().copied())
+            .collect();
+        pools.sort_unstable();
+        pools.dedup();
+        pools
+    }
+
+    /// Changes whenever an allocation is added to or removed from one of `pools`: an
+    /// answer for a node found with the stamp of its [`Snapshot::node_pools`], on this
+    /// snapshot ([`Snapshot::id`]), for the same claims and the same Node object, is still
+    /// the answer while the stamp is the same.
+    pub fn pools_stamp(&self, pools: &[u32]) -> u64 {
         // Versions only grow, so the sum changes whenever one of them does.
-        pools.map(|p| self.pool_versions[p as usize]).sum()
+        pools.iter().map(|&p| self.pool_versions[p as usize]).sum()
     }
 
     /// The value of `resource.kubernetes.io/numaNode` behind a [`DeviceEntry::numa`] id.

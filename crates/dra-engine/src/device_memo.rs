@@ -8,16 +8,17 @@
 //! node the first went to. Every other node gives the same answer again, so it is taken
 //! from here instead of searched for. An entry is used only when all of those inputs are
 //! the same: the same claim specs (by a 128-bit hash), the same snapshot
-//! ([`Snapshot::id`]), the same allocations on the node's pools ([`Snapshot::node_stamp`]),
+//! ([`Snapshot::id`]), the same allocations on the node's pools ([`Snapshot::pools_stamp`]),
 //! and the same Node object ([`NodeInfo::object_version`]). Searches that ran out of time
 //! or failed are not kept. A kept reason names the claims of the pod it was found for;
-//! another pod gets it with its own claims' names.
+//! another pod gets it with its own claims' names ([`Renamed`]: once per attempt for each
+//! distinct reason, which many nodes share).
 //!
 //! kube-scheduler searches every node again for every pod; the answers are the same.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use dra_allocator::{Allocation, Snapshot};
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -30,15 +31,29 @@ const SHARDS: usize = 16;
 /// Past this many answers a shard starts over (bounded memory: two claim shapes on
 /// 50,000 nodes fit).
 const SHARD_LIMIT: usize = 1 << 14;
+/// Past this many distinct reasons the shared ones start over.
+const UNFIT_LIMIT: usize = 1 << 12;
 
-/// An answer for one node: the devices found (with their quality), or why none fit.
-pub(crate) type Answer = Result<Allocation, Status>;
+/// Why no devices fit on a node, as found for the pod whose claims are `claims`
+/// (namespace/name, in order); one for every node that gave the same reasons.
+#[derive(Debug)]
+pub(crate) struct Unfit {
+    claims: Vec<String>,
+    status: Status,
+}
+
+/// What is kept for one node.
+#[derive(Clone)]
+pub(crate) enum Kept {
+    Found(Allocation),
+    Unfit(Arc<Unfit>),
+}
 
 struct Entry {
-    /// The claims (namespace/name) the answer was found for, in order.
-    claims: Vec<String>,
+    /// The pools the node sees ([`Snapshot::node_pools`]) and their stamp when found.
+    pools: Vec<u32>,
     stamp: u64,
-    answer: Answer,
+    kept: Kept,
 }
 
 /// The memo; one per engine (a fork starts with an empty one).
@@ -47,6 +62,7 @@ pub struct DeviceMemo {
     /// The snapshot the entries were found on; another one empties the memo.
     snapshot: AtomicU64,
     shards: [Mutex<foldhash::HashMap<(u128, u64), Entry>>; SHARDS],
+    unfit: Mutex<foldhash::HashMap<(Vec<String>, Status), Arc<Unfit>>>,
     hits: AtomicU64,
 }
 
@@ -86,6 +102,7 @@ impl DeviceMemo {
             for shard in &self.shards {
                 shard.lock().expect("not poisoned").clear();
             }
+            self.unfit.lock().expect("not poisoned").clear();
         }
     }
 
@@ -99,50 +116,39 @@ impl DeviceMemo {
         (shape, node.object_version)
     }
 
-    /// The answer for claims of `shape` on `node`, if one was found with the same inputs.
-    pub(crate) fn get(
-        &self,
-        shape: u128,
-        claims: &[String],
-        snapshot: &Snapshot,
-        node: &NodeInfo,
-    ) -> Option<Answer> {
+    /// What was found for claims of `shape` on `node` with the same inputs, if anything.
+    pub(crate) fn get(&self, shape: u128, snapshot: &Snapshot, node: &NodeInfo) -> Option<Kept> {
         let key = Self::key(shape, node);
-        let stamp = snapshot.node_stamp(node.name());
         let shard = self.shard(key).lock().expect("not poisoned");
         let found = shard
             .get(&key)
-            .filter(|e| e.stamp == stamp)
-            .map(|e| match &e.answer {
-                Err(status) if e.claims != claims => {
-                    let mut status = status.clone();
-                    for reason in &mut status.reasons {
-                        *reason = rename(reason, &e.claims, claims);
-                    }
-                    Err(status)
-                }
-                answer => answer.clone(),
-            });
+            .filter(|e| e.stamp == snapshot.pools_stamp(&e.pools))
+            .map(|e| e.kept.clone());
         if found.is_some() {
             self.hits.fetch_add(1, Ordering::Relaxed);
         }
         found
     }
 
-    /// Keep the answer found for claims of `shape` on `node`.
+    /// Keep what was found for `claims` (of `shape`) on `node`.
     pub(crate) fn put(
         &self,
         shape: u128,
         claims: &[String],
         snapshot: &Snapshot,
         node: &NodeInfo,
-        answer: &Answer,
+        answer: Result<&Allocation, &Status>,
     ) {
+        let kept = match answer {
+            Ok(a) => Kept::Found(a.clone()),
+            Err(status) => Kept::Unfit(self.unfit(claims, status)),
+        };
         let key = Self::key(shape, node);
+        let pools = snapshot.node_pools(node.name());
         let entry = Entry {
-            claims: claims.to_vec(),
-            stamp: snapshot.node_stamp(node.name()),
-            answer: answer.clone(),
+            stamp: snapshot.pools_stamp(&pools),
+            pools,
+            kept,
         };
         let mut shard = self.shard(key).lock().expect("not poisoned");
         if shard.len() >= SHARD_LIMIT && !shard.contains_key(&key) {
@@ -151,9 +157,66 @@ impl DeviceMemo {
         shard.insert(key, entry);
     }
 
+    /// The one [`Unfit`] for these claims and reasons.
+    fn unfit(&self, claims: &[String], status: &Status) -> Arc<Unfit> {
+        let mut all = self.unfit.lock().expect("not poisoned");
+        let key = (claims.to_vec(), status.clone());
+        if let Some(u) = all.get(&key) {
+            return u.clone();
+        }
+        if all.len() >= UNFIT_LIMIT {
+            all.clear();
+        }
+        let u = Arc::new(Unfit {
+            claims: key.0.clone(),
+            status: key.1.clone(),
+        });
+        all.insert(key, u.clone());
+        u
+    }
+
     /// How many answers were taken from the memo (for tests and benches).
     pub fn hits(&self) -> u64 {
         self.hits.load(Ordering::Relaxed)
+    }
+}
+
+/// Kept reasons in the words of one attempt's claims, each renamed once per attempt.
+#[derive(Default)]
+pub(crate) struct Renamed {
+    claims: Vec<String>,
+    /// By the [`Unfit`]'s address; the `Arc` held here keeps that address its own.
+    done: RwLock<foldhash::HashMap<usize, (Arc<Unfit>, Status)>>,
+}
+
+impl Renamed {
+    /// For an attempt whose claims (namespace/name, in order) are `claims`.
+    pub(crate) fn new(claims: Vec<String>) -> Self {
+        Renamed {
+            claims,
+            done: RwLock::default(),
+        }
+    }
+
+    pub(crate) fn claims(&self) -> &[String] {
+        &self.claims
+    }
+
+    /// The status of `unfit`, naming this attempt's claims.
+    pub(crate) fn status(&self, unfit: &Arc<Unfit>) -> Status {
+        let at = Arc::as_ptr(unfit) as usize;
+        if let Some((_, status)) = self.done.read().expect("not poisoned").get(&at) {
+            return status.clone();
+        }
+        let mut status = unfit.status.clone();
+        if unfit.claims != self.claims {
+            for reason in &mut status.reasons {
+                *reason = rename(reason, &unfit.claims, &self.claims);
+            }
+        }
+        let mut done = self.done.write().expect("not poisoned");
+        done.insert(at, (unfit.clone(), status.clone()));
+        status
     }
 }
 

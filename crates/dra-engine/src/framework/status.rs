@@ -1,7 +1,7 @@
 //! The result of running a plugin at an extension point, as kube-scheduler's `fwk.Status`.
 
 /// What happened, as kube-scheduler's status codes (plus why a search stopped).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Code {
     Success,
     /// Something went wrong that is not the pod's fit: the attempt fails and backs off.
@@ -19,7 +19,7 @@ pub enum Code {
 }
 
 /// A code with the reasons, and the plugin that gave it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Status {
     pub code: Code,
     pub reasons: Vec<String>,

@@ -31,7 +31,7 @@ use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
 
 use super::node_affinity::node_selector_terms_match;
 use crate::claims::{self, ClaimsNotReady};
-use crate::device_memo;
+use crate::device_memo::{self, Kept};
 use crate::engine::{ClaimDecision, Placement};
 use crate::extended::{self, ExtendedRequest};
 use crate::framework::{
@@ -86,8 +86,8 @@ struct DraCycle<'a> {
     /// The claims' shape, when what is found on a node may be kept for later pods
     /// ([`DeviceMemo`]): only this pod's own claims, no extended resources.
     shape: Option<u128>,
-    /// The claims of that shape, namespace/name, in order.
-    shape_claims: Vec<String>,
+    /// Kept reasons in the words of this pod's claims (of that shape).
+    renamed: device_memo::Renamed,
 }
 
 impl Plugin for DynamicResources {
@@ -112,7 +112,7 @@ impl Plugin for DynamicResources {
             maps_node_resources: false,
             nodes: Mutex::new(HashMap::new()),
             shape: None,
-            shape_claims: Vec::new(),
+            renamed: device_memo::Renamed::default(),
         })
     }
 
@@ -173,16 +173,18 @@ impl<'a> PluginCycle for DraCycle<'a> {
             {
                 memo.begin(cx.snapshot);
                 self.shape = Some(device_memo::shape_of(&plain));
-                self.shape_claims = plain
-                    .iter()
-                    .map(|c| {
-                        format!(
-                            "{}/{}",
-                            c.metadata.namespace.as_deref().unwrap_or_default(),
-                            c.metadata.name.as_deref().unwrap_or_default()
-                        )
-                    })
-                    .collect();
+                self.renamed = device_memo::Renamed::new(
+                    plain
+                        .iter()
+                        .map(|c| {
+                            format!(
+                                "{}/{}",
+                                c.metadata.namespace.as_deref().unwrap_or_default(),
+                                c.metadata.name.as_deref().unwrap_or_default()
+                            )
+                        })
+                        .collect(),
+                );
             }
         }
         if !self.ext.is_empty() {
@@ -447,39 +449,36 @@ impl<'a> DraCycle<'a> {
             return self.search(node);
         };
         let started = Instant::now();
-        if let Some(answer) = memo.get(shape, &self.shape_claims, self.cycle.snapshot, node) {
-            return answer.map(|a| NodeDevices {
-                quality: Some(a.quality.clone()),
-                found: Found::Plain(a),
-                node_allocatable: Vec::new(),
-                ext_claim: false,
-                took: started.elapsed(),
-            });
+        match memo.get(shape, self.cycle.snapshot, node) {
+            Some(Kept::Found(a)) => {
+                return Ok(NodeDevices {
+                    quality: Some(a.quality.clone()),
+                    found: Found::Plain(a),
+                    node_allocatable: Vec::new(),
+                    ext_claim: false,
+                    took: started.elapsed(),
+                });
+            }
+            Some(Kept::Unfit(unfit)) => return Err(self.renamed.status(&unfit)),
+            None => {}
         }
         let searched = self.search(node);
-        let answer = match &searched {
+        let claims = self.renamed.claims();
+        let snapshot = self.cycle.snapshot;
+        match &searched {
             Ok(NodeDevices {
                 found: Found::Plain(a),
                 ..
-            }) => Some(Ok(a.clone())),
+            }) => memo.put(shape, claims, snapshot, node, Ok(a)),
             Err(status)
                 if matches!(
                     status.code,
                     Code::Unschedulable | Code::UnschedulableAndUnresolvable
                 ) =>
             {
-                Some(Err(status.clone()))
+                memo.put(shape, claims, snapshot, node, Err(status))
             }
-            _ => None,
-        };
-        if let Some(answer) = answer {
-            memo.put(
-                shape,
-                &self.shape_claims,
-                self.cycle.snapshot,
-                node,
-                &answer,
-            );
+            _ => {}
         }
         searched
     }
