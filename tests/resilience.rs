@@ -1,6 +1,7 @@
 //! Nothing stalls or splits the scheduler, on a real Kubernetes 1.37 control plane:
 //! - a claim whose search would run for hours does not hold up other pods, and its pod is
 //!   told why once its budget is spent; an impossible MIG request is refused at once;
+//! - two such searches run side by side, neither waiting for the other;
 //! - a leader that can no longer renew its Lease stops before a standby takes over, and
 //!   no pod is scheduled twice;
 //! - an API server restart in the middle of a 200-pod run loses and doubles nothing.
@@ -141,6 +142,68 @@ async fn a_search_that_would_run_for_hours_does_not_hold_up_other_pods() {
         code == 200 && body.contains("no long search running"),
         "{body}"
     );
+}
+
+/// A second pod like `hard`, with a claim of its own (the same spec).
+const SECOND_HARD_POD: &str = r#"
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: zoned-2, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: marker
+      exactly: {deviceClassName: zone-marker, allocationMode: All}
+    - name: gpus
+      exactly: {deviceClassName: zone-gpu, count: 31}
+    constraints:
+    - requests: [marker, gpus]
+      matchAttribute: zone.example.com/zone
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: hard-2, namespace: default}
+spec:
+  schedulerName: dra-scheduler
+  resourceClaims: [{name: devices, resourceClaimName: zoned-2}]
+  containers:
+  - name: c
+    image: busybox
+    resources: {claims: [{name: devices}]}
+"#;
+
+/// Two pods whose first tries both run out get their whole budgets at the same time, in
+/// two long-search lanes: a pod whose first try ran just past its budget on a busy machine
+/// does not wait for a search that needs all of it (a CI run beside another test binary
+/// saw ordinary pods wait for the long search of the test above to end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_searches_that_need_their_whole_budget_run_side_by_side() {
+    let cluster = TestCluster::dedicated();
+    apply(&cluster, &["tests/data/resilience/hard-claim.yaml"]);
+    common::kubectl_apply_text(&cluster, "second-hard-pod", SECOND_HARD_POD.as_bytes());
+    let daemon = start_scheduler_with(
+        &cluster,
+        &["--filter-timeout-seconds", "15", "--leader-elect=false"],
+    );
+    let both = eventually("two long searches at once", 60, || async {
+        get(&daemon.metrics, "/healthz")
+            .filter(|(_, body)| body.matches("a long search has run for").count() == 2)
+    })
+    .await;
+    assert_eq!(both.0, 200, "{}", both.1);
+    let client = cluster.client().await;
+    for pod in ["hard", "hard-2"] {
+        let told = eventually("both pods told why", 60, || async {
+            let events = events_about(&client, pod).await;
+            failed_scheduling(&events).first().map(|e| e.to_string())
+        })
+        .await;
+        assert!(
+            told.starts_with("FailedScheduling: timed out trying to allocate devices: the search for ResourceClaim default/zoned")
+                && told.contains("ran past the filterTimeout of 15s"),
+            "{pod}: {told}"
+        );
+    }
 }
 
 /// Per pod, how many `Scheduled` events were written (counting repeats of one event).

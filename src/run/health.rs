@@ -14,12 +14,25 @@ pub const LOOP_STALL: Duration = Duration::from_secs(10);
 /// what is left of an attempt after that is short).
 pub const ATTEMPT_GRACE: Duration = Duration::from_secs(20);
 
-/// Where an attempt runs: the worker that takes pods in queue order, or the lane that
-/// gives a pod needing more than a first try its whole budget.
+/// How many searches with the whole budget run at once: a pod whose first try ran out
+/// just past its budget (a busy machine) does not wait for one that needs all of it.
+pub const LONG_LANES: usize = 2;
+
+/// Where an attempt runs: the worker that takes pods in queue order, or one of the lanes
+/// that give a pod needing more than a first try its whole budget.
 #[derive(Clone, Copy, Debug)]
 pub enum Lane {
-    Main = 0,
-    Long = 1,
+    Main,
+    Long(usize),
+}
+
+impl Lane {
+    fn slot(self) -> usize {
+        match self {
+            Lane::Main => 0,
+            Lane::Long(i) => 1 + i.min(LONG_LANES - 1),
+        }
+    }
 }
 
 /// Progress marks, shared by the loop, the worker and the HTTP handler.
@@ -30,7 +43,7 @@ pub struct Health {
     beat: AtomicU64,
     /// Per lane ([`Lane`]): milliseconds since `start` when its running attempt began,
     /// plus one; 0: none runs.
-    attempt: [AtomicU64; 2],
+    attempt: [AtomicU64; 1 + LONG_LANES],
     /// Milliseconds since `start` of the last attempt that finished, plus one; 0: none yet.
     finished: AtomicU64,
     budget: Duration,
@@ -41,7 +54,7 @@ impl Health {
         Health {
             start: Instant::now(),
             beat: AtomicU64::new(0),
-            attempt: [AtomicU64::new(0), AtomicU64::new(0)],
+            attempt: std::array::from_fn(|_| AtomicU64::new(0)),
             finished: AtomicU64::new(0),
             budget,
         }
@@ -60,11 +73,11 @@ impl Health {
     }
 
     pub fn attempt_started(&self, lane: Lane, now: Instant) {
-        self.attempt[lane as usize].store(self.millis(now) + 1, Ordering::Relaxed);
+        self.attempt[lane.slot()].store(self.millis(now) + 1, Ordering::Relaxed);
     }
 
     pub fn attempt_finished(&self, lane: Lane, now: Instant) {
-        self.attempt[lane as usize].store(0, Ordering::Relaxed);
+        self.attempt[lane.slot()].store(0, Ordering::Relaxed);
         self.finished.store(self.millis(now) + 1, Ordering::Relaxed);
     }
 
@@ -73,12 +86,15 @@ impl Health {
         let loop_idle = self.since(self.beat.load(Ordering::Relaxed), now);
         let mut summary = format!("event loop turned {:.1}s ago", loop_idle.as_secs_f64());
         let mut stuck = false;
-        for (lane, slot) in ["scheduling attempt", "long search"]
-            .iter()
-            .zip(&self.attempt)
-        {
+        for (i, slot) in self.attempt.iter().enumerate() {
+            let lane = if i == 0 {
+                "scheduling attempt"
+            } else {
+                "long search"
+            };
             match slot.load(Ordering::Relaxed) {
-                0 => summary.push_str(&format!("; no {lane} running")),
+                0 if i == 0 => summary.push_str("; no scheduling attempt running"),
+                0 => {}
                 mark => {
                     let running = self.since(mark - 1, now);
                     summary.push_str(&format!(
@@ -89,6 +105,12 @@ impl Health {
                     stuck |= running > self.budget + ATTEMPT_GRACE;
                 }
             }
+        }
+        if self.attempt[1..]
+            .iter()
+            .all(|s| s.load(Ordering::Relaxed) == 0)
+        {
+            summary.push_str("; no long search running");
         }
         if stuck {
             return Err(format!("stuck: {summary}"));
@@ -121,7 +143,7 @@ mod tests {
                 .unwrap()
                 .contains("no scheduling attempt running")
         );
-        h.attempt_started(Lane::Long, at(2));
+        h.attempt_started(Lane::Long(0), at(2));
         h.beat(at(30));
         let busy = h.check(at(30)).unwrap();
         assert!(
@@ -135,7 +157,7 @@ mod tests {
             "{stuck}"
         );
         h.attempt_started(Lane::Main, at(33));
-        h.attempt_finished(Lane::Long, at(34));
+        h.attempt_finished(Lane::Long(0), at(34));
         h.attempt_finished(Lane::Main, at(34));
         assert!(
             h.check(at(40)).is_ok(),

@@ -50,7 +50,7 @@ use tokio::sync::{Semaphore, mpsc, watch as signal};
 
 use self::config::Config;
 use self::groups::{PodGroups, Work};
-use self::health::{Health, Lane};
+use self::health::{Health, LONG_LANES, Lane};
 use self::leader::{Candidate, Fence};
 use self::metrics::Metrics;
 use self::preemption::Budgets;
@@ -416,7 +416,7 @@ async fn clients_for(config: &Config) -> anyhow::Result<(Client, Client)> {
 
 /// How long a pod's first try may search for devices. Almost every pod is decided well
 /// within it; one that is not gets its whole budget (`filterTimeout`) on a fork of the
-/// engine in the long-search lane, while the worker goes on with the pods behind it.
+/// engine in a long-search lane, while the worker goes on with the pods behind it.
 const FIRST_TRY: Duration = Duration::from_millis(500);
 
 /// One scheduling attempt, run on a blocking thread with the engine handed over, so that
@@ -530,7 +530,7 @@ fn preempt(
     )
 }
 
-/// Work whose first try ran out of time, waiting for the long-search lane.
+/// Work whose first try ran out of time, waiting for a long-search lane.
 struct LongWaiting {
     work: Work,
     fork: Engine,
@@ -745,8 +745,8 @@ struct Daemon {
     /// The engine is here, or with the worker while an attempt runs.
     engine: Option<Engine>,
     running: Option<Running<Attempt>>,
-    /// The long-search lane: one search at a time, the others wait with their forks.
-    long: Option<Running<LongSearch>>,
+    /// The long-search lanes ([`LONG_LANES`]): searches beyond them wait with their forks.
+    long: Vec<(usize, Running<LongSearch>)>,
     long_waiting: VecDeque<LongWaiting>,
     /// Changes that arrived while the engine was with the worker, in arrival order.
     deferred: Vec<Change>,
@@ -815,7 +815,7 @@ impl Daemon {
             watched_kinds: watched_kinds(&apis::ServedApis::current()),
             engine: Some(engine_for(config)),
             running: None,
-            long: None,
+            long: Vec::new(),
             long_waiting: VecDeque::new(),
             deferred: Vec::new(),
             queue: SchedulingQueue::default(),
@@ -859,8 +859,8 @@ impl Daemon {
                     self.on_attempt_finished(finished)?;
                     None
                 }
-                finished = joined(&mut self.long), if self.long.is_some() && self.engine.is_some() => {
-                    self.on_long_search_finished(finished)?;
+                (lane, finished) = joined_any(&mut self.long), if !self.long.is_empty() && self.engine.is_some() => {
+                    self.on_long_search_finished(lane, finished)?;
                     None
                 }
                 counted = joined(&mut self.inventory), if self.inventory.is_some() => {
@@ -973,10 +973,11 @@ impl Daemon {
 
     fn on_long_search_finished(
         &mut self,
+        lane: usize,
         finished: Result<LongSearch, tokio::task::JoinError>,
     ) -> anyhow::Result<()> {
-        self.long = None;
-        self.health.attempt_finished(Lane::Long, Instant::now());
+        self.health
+            .attempt_finished(Lane::Long(lane), Instant::now());
         let search = finished.context("the long-search lane was lost")?;
         if self.leading {
             self.decided_on_fork(search);
@@ -1031,14 +1032,14 @@ impl Daemon {
         }
     }
 
+    /// Starts searches with the whole budget while a lane is free.
     fn start_long_search(&mut self, now: Instant) {
-        if self.long.is_none()
+        while let Some(lane) = (0..LONG_LANES).find(|l| self.long.iter().all(|(x, _)| x != l))
             && let Some(waiting) = self.long_waiting.pop_front()
         {
-            self.health.attempt_started(Lane::Long, now);
-            self.long = Some(Running::spawn(move |cancel| {
-                run_long_search(waiting, cancel)
-            }));
+            self.health.attempt_started(Lane::Long(lane), now);
+            let search = Running::spawn(move |cancel| run_long_search(waiting, cancel));
+            self.long.push((lane, search));
         }
     }
 
@@ -1763,7 +1764,7 @@ impl Daemon {
         if let Some(running) = &self.running {
             running.cancel();
         }
-        if let Some(long) = &self.long {
+        for (_, long) in &self.long {
             long.cancel();
         }
         if matches!(ending, Ending::LostLease) {
@@ -1790,6 +1791,16 @@ impl Daemon {
 /// The result of a lane's work; the caller's guard checks that there is some.
 async fn joined<T>(lane: &mut Option<Running<T>>) -> Result<T, tokio::task::JoinError> {
     (&mut lane.as_mut().expect("guarded").task).await
+}
+
+/// The first of `lanes` to finish, taken out, with its lane.
+async fn joined_any<T>(
+    lanes: &mut Vec<(usize, Running<T>)>,
+) -> (usize, Result<T, tokio::task::JoinError>) {
+    let (finished, index, _) =
+        futures::future::select_all(lanes.iter_mut().map(|(_, r)| &mut r.task)).await;
+    let (lane, _) = lanes.remove(index);
+    (lane, finished)
 }
 
 fn engine_for(config: &Config) -> Engine {
