@@ -49,6 +49,9 @@ pub(crate) enum Kept {
     Unfit(Arc<Unfit>),
 }
 
+/// The shared [`Unfit`]s, by their claims and status.
+type UnfitByReasons = foldhash::HashMap<(Vec<String>, Status), Arc<Unfit>>;
+
 struct Entry {
     /// The pools the node sees ([`Snapshot::node_pools`]) and their stamp when found.
     pools: Vec<u32>,
@@ -62,7 +65,7 @@ pub struct DeviceMemo {
     /// The snapshot the entries were found on; another one empties the memo.
     snapshot: AtomicU64,
     shards: [Mutex<foldhash::HashMap<(u128, u64), Entry>>; SHARDS],
-    unfit: Mutex<foldhash::HashMap<(Vec<String>, Status), Arc<Unfit>>>,
+    unfit: Mutex<UnfitByReasons>,
     hits: AtomicU64,
 }
 
