@@ -23,8 +23,8 @@
 //! does: each plugin scores 0..=100 after normalising, times its weight, summed per node.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Mutex, RwLock};
 
 use dra_allocator::{Features, Limits, Quality, Snapshot};
 use k8s_openapi::api::core::v1::Pod;
@@ -133,7 +133,8 @@ pub struct Shared {
     /// Allocator search steps (requests and devices tried), all nodes.
     pub search_steps: AtomicU64,
     /// How good the devices DynamicResources found on each node are, for the device scores.
-    quality: Mutex<HashMap<String, Quality>>,
+    /// Read by every device score on every feasible node, at once: a read lock.
+    quality: RwLock<HashMap<String, Quality>>,
     /// The new allocations of [`Cycle::revise`]'s claims on the chosen node (Reserve).
     pub revised: Mutex<Vec<(ObjectKey, AllocationResult)>>,
 }
@@ -141,17 +142,22 @@ pub struct Shared {
 impl Shared {
     pub fn record_quality(&self, node: &str, quality: Quality) {
         self.quality
-            .lock()
+            .write()
             .expect("not poisoned")
             .insert(node.to_string(), quality);
     }
 
     pub fn quality(&self, node: &str) -> Option<Quality> {
+        self.read_quality(node, Quality::clone)
+    }
+
+    /// `read` of the quality of the devices found on `node`, if any, without a copy.
+    pub fn read_quality<T>(&self, node: &str, read: impl FnOnce(&Quality) -> T) -> Option<T> {
         self.quality
-            .lock()
+            .read()
             .expect("not poisoned")
             .get(node)
-            .cloned()
+            .map(read)
     }
 }
 

@@ -25,7 +25,7 @@ impl PluginCycle for DeviceScore<'_> {
     fn pre_score(&mut self, feasible: &[&NodeInfo]) -> Status {
         let any = feasible
             .iter()
-            .any(|n| self.cycle.shared.quality(n.name()).is_some());
+            .any(|n| self.cycle.shared.read_quality(n.name(), |_| ()).is_some());
         if any {
             Status::success()
         } else {
@@ -37,8 +37,7 @@ impl PluginCycle for DeviceScore<'_> {
         Ok(self
             .cycle
             .shared
-            .quality(node.name())
-            .map(|q| (self.cost)(&q))
+            .read_quality(node.name(), self.cost)
             .unwrap_or(0))
     }
 

@@ -21,7 +21,7 @@
 //! fit; their new allocations go to [`crate::framework::Shared::revised`].
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::RwLock;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -82,7 +82,7 @@ struct DraCycle<'a> {
     /// pod's devices are counted against the node ([`node_allocatable`]).
     maps_node_resources: bool,
     /// What Filter found per node, for Score and Reserve.
-    nodes: Mutex<HashMap<String, NodeDevices>>,
+    nodes: RwLock<HashMap<String, NodeDevices>>,
     /// The claims' shape, when what is found on a node may be kept for later pods
     /// ([`DeviceMemo`]): only this pod's own claims, no extended resources.
     shape: Option<u128>,
@@ -110,7 +110,7 @@ impl Plugin for DynamicResources {
             plain: None,
             with_ext: None,
             maps_node_resources: false,
-            nodes: Mutex::new(HashMap::new()),
+            nodes: RwLock::new(HashMap::new()),
             shape: None,
             renamed: device_memo::Renamed::default(),
         })
@@ -223,7 +223,7 @@ impl<'a> PluginCycle for DraCycle<'a> {
                     self.cycle.shared.record_quality(node.name(), q.clone());
                 }
                 self.nodes
-                    .lock()
+                    .write()
                     .expect("not poisoned")
                     .insert(node.name().to_string(), devices);
                 Status::success()
@@ -241,7 +241,7 @@ impl<'a> PluginCycle for DraCycle<'a> {
     }
 
     fn score(&self, node: &NodeInfo) -> Result<i64, Status> {
-        let nodes = self.nodes.lock().expect("not poisoned");
+        let nodes = self.nodes.read().expect("not poisoned");
         Ok(nodes
             .get(node.name())
             .and_then(|d| d.quality.as_ref())
