@@ -1918,10 +1918,24 @@ fn apply(
             PodHint::Nothing => false,
         },
         Change::Claim(event) => {
+            // The claim the event is about; a relist's end may remove any.
+            let key = match &event {
+                Event::Apply(c) | Event::InitApply(c) | Event::Delete(c) => {
+                    Some(ObjectKey::of(&c.metadata))
+                }
+                Event::Init | Event::InitDone => None,
+            };
             let changed = apply_claim(engine, informers, event);
-            // The API server's copy replaced what was assumed for bindings still in flight.
+            // The API server's copy replaced what was assumed for bindings still in flight
+            // that use the claim (only those: one event per claim re-asserting every
+            // placement in flight made a burst's cost grow with its square).
             for placement in book.placements() {
-                engine.reassert(placement);
+                if key
+                    .as_ref()
+                    .is_none_or(|k| placement.claims.iter().any(|d| &d.key == k))
+                {
+                    engine.reassert(placement);
+                }
             }
             changed
         }
