@@ -25,6 +25,7 @@
 //!   scheduler_perf's 5000pods_500nodes);
 //! - `E2E_STEADY_SECONDS` (30), `E2E_STEADY_PENDING` (10): the steady state's window and
 //!   the pods kept waiting;
+//! - `E2E_CEILING_CONCURRENCY` (32): pods the write ceiling writes for at once;
 //! - `E2E_QPS` (5000), `E2E_TIMEOUT` (600 s a run), `E2E_REPORT` (target/e2e-report),
 //!   `E2E_PLOT=0` to skip the PNG.
 //!
@@ -89,6 +90,7 @@ fn main() {
     let settings = Settings {
         qps: env_num("E2E_QPS").unwrap_or(5000),
         timeout: Duration::from_secs(env_num("E2E_TIMEOUT").unwrap_or(600)),
+        ceiling_concurrency: env_num("E2E_CEILING_CONCURRENCY").unwrap_or(32),
         report_dir: report_dir.clone(),
     };
     let plot = std::env::var("E2E_PLOT").map_or(true, |v| v != "0");
@@ -101,7 +103,7 @@ fn main() {
     let header = format!(
         "# dra-scheduler and kube-scheduler 1.37, side by side\n\n\
          `cargo bench --bench e2e` on {} ({} CPUs), commit {}{}, {}. {nodes} nodes; client QPS and burst {} \
-         for both schedulers and kube-controller-manager. Latency: from the harness sending a \
+         for both schedulers and kube-controller-manager; the write ceiling writes for {} pods at once. Latency: from the harness sending a \
          pod's create to its watch seeing the pod's nodeName. CPU: utime + stime of the \
          scheduler process in the measured window; peak RSS: its VmHWM. API requests: the \
          API server's apiserver_request_total over the window (everyone's: the harness's pod \
@@ -117,6 +119,7 @@ fn main() {
         },
         command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
         settings.qps,
+        settings.ceiling_concurrency,
     );
 
     let runtime = tokio::runtime::Builder::new_multi_thread()

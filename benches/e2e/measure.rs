@@ -117,6 +117,8 @@ pub struct Settings {
     pub qps: u32,
     /// Longest a run waits for its pods.
     pub timeout: Duration,
+    /// Pods the write ceiling writes for at once.
+    pub ceiling_concurrency: usize,
     /// Where the schedulers' metrics and the API server's request counts go.
     pub report_dir: std::path::PathBuf,
 }
@@ -168,7 +170,11 @@ pub async fn run(plan: &Plan, runner: Runner, settings: &Settings) -> Outcome {
             Some(pid)
         }
         Runner::Ceiling => {
-            oracle = Some(tokio::spawn(ceiling(client.clone(), *plan)));
+            oracle = Some(tokio::spawn(ceiling(
+                client.clone(),
+                *plan,
+                settings.ceiling_concurrency,
+            )));
             None
         }
     };
@@ -456,8 +462,8 @@ async fn steady(client: &Client, pending: usize, seconds: u64) -> Trace {
 
 /// The write ceiling: for each measured pod whose claim exists, the writes
 /// `dra-scheduler run` makes for it (src/run/binder.rs and the Scheduled event), with the
-/// plan's precomputed allocation, at most CONCURRENCY pods at once.
-async fn ceiling(client: Client, plan: Plan) {
+/// plan's precomputed allocation, at most `concurrency` pods at once.
+async fn ceiling(client: Client, plan: Plan, concurrency: usize) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "test");
     let recorder = Recorder::new(
         client.clone(),
@@ -466,7 +472,7 @@ async fn ceiling(client: Client, plan: Plan) {
             instance: None,
         },
     );
-    let permits = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
+    let permits = Arc::new(tokio::sync::Semaphore::new(concurrency));
     let mut handled = HashSet::new();
     let mut slot = 0;
     let mut stream = watcher::watcher(pods.clone(), watcher::Config::default())
