@@ -10,9 +10,9 @@
 //! the same: the same claim specs (by a 128-bit hash), the same snapshot
 //! ([`Snapshot::id`]), the same allocations on the node's pools ([`Snapshot::pools_stamp`]),
 //! and the same Node object ([`NodeInfo::object_version`]). Searches that ran out of time
-//! or failed are not kept. A kept reason names the claims of the pod it was found for;
-//! another pod gets it with its own claims' names ([`Renamed`]: once per attempt for each
-//! distinct reason, which many nodes share).
+//! or failed are not kept. A kept reason has the names of the claims it was found for
+//! taken out ([`Unfit`]), so that nodes and pods with the same reasons share one; each pod
+//! reads it with its own claims' names ([`Renamed`]: written once per attempt).
 //!
 //! kube-scheduler searches every node again for every pod; the answers are the same.
 
@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use dra_allocator::{Allocation, Snapshot};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use crate::framework::Status;
+use crate::framework::{Code, Status};
 use crate::state::NodeInfo;
 
 /// Shards of the map: Filter runs on several threads at once.
@@ -34,14 +34,23 @@ const SHARD_LIMIT: usize = 1 << 14;
 /// Past this many distinct reasons the shared ones start over.
 const UNFIT_LIMIT: usize = 1 << 12;
 
-/// Why no devices fit on a node, as found for the pod whose claims are `claims`
-/// (namespace/name, in order); one for every node that gave the same reasons.
-#[derive(Debug)]
+/// Why no devices fit on a node, with the names of the claims it was found for taken out
+/// ([`Part::Claim`]): one for every node and every pod that gave the same reasons.
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Unfit {
-    claims: Vec<String>,
-    status: Status,
+    code: Code,
+    plugin: &'static str,
+    /// Each reason, in parts.
+    reasons: Vec<Vec<Part>>,
 }
 
+/// A piece of a kept reason: text, or the name of the pod's claim at that place in its
+/// list of claims to allocate.
+#[derive(Debug, PartialEq, Eq, Hash)]
+enum Part {
+    Text(String),
+    Claim(usize),
+}
 /// What is kept for one node.
 #[derive(Clone)]
 pub(crate) enum Kept {
@@ -49,8 +58,8 @@ pub(crate) enum Kept {
     Unfit(Arc<Unfit>),
 }
 
-/// The shared [`Unfit`]s, by their claims and status.
-type UnfitByReasons = foldhash::HashMap<(Vec<String>, Status), Arc<Unfit>>;
+/// The shared [`Unfit`]s.
+type UnfitByReasons = foldhash::HashSet<Arc<Unfit>>;
 
 struct Entry {
     /// The pools the node sees ([`Snapshot::node_pools`]) and their stamp when found.
@@ -160,21 +169,22 @@ impl DeviceMemo {
         shard.insert(key, entry);
     }
 
-    /// The one [`Unfit`] for these claims and reasons.
+    /// The one [`Unfit`] for these reasons, found for `claims`.
     fn unfit(&self, claims: &[String], status: &Status) -> Arc<Unfit> {
+        let unfit = Unfit {
+            code: status.code,
+            plugin: status.plugin,
+            reasons: status.reasons.iter().map(|r| parts(r, claims)).collect(),
+        };
         let mut all = self.unfit.lock().expect("not poisoned");
-        let key = (claims.to_vec(), status.clone());
-        if let Some(u) = all.get(&key) {
+        if let Some(u) = all.get(&unfit) {
             return u.clone();
         }
         if all.len() >= UNFIT_LIMIT {
             all.clear();
         }
-        let u = Arc::new(Unfit {
-            claims: key.0.clone(),
-            status: key.1.clone(),
-        });
-        all.insert(key, u.clone());
+        let u = Arc::new(unfit);
+        all.insert(u.clone());
         u
     }
 
@@ -184,7 +194,7 @@ impl DeviceMemo {
     }
 }
 
-/// Kept reasons in the words of one attempt's claims, each renamed once per attempt.
+/// Kept reasons in the words of one attempt's claims, each written out once per attempt.
 #[derive(Default)]
 pub(crate) struct Renamed {
     claims: Vec<String>,
@@ -211,59 +221,79 @@ impl Renamed {
         if let Some((_, status)) = self.done.read().expect("not poisoned").get(&at) {
             return status.clone();
         }
-        let mut status = unfit.status.clone();
-        if unfit.claims != self.claims {
-            for reason in &mut status.reasons {
-                *reason = rename(reason, &unfit.claims, &self.claims);
-            }
-        }
+        let reasons = unfit
+            .reasons
+            .iter()
+            .map(|r| written(r, &self.claims))
+            .collect();
+        let status = Status::new(unfit.code, reasons).with_plugin(unfit.plugin);
         let mut done = self.done.write().expect("not poisoned");
         done.insert(at, (unfit.clone(), status.clone()));
         status
     }
 }
 
-/// `text` with each of the names `from` (whole names: not followed by a character a name
-/// may have) replaced by the name at the same place in `to`, in one pass.
-fn rename(text: &str, from: &[String], to: &[String]) -> String {
+/// `text` in parts: each of the names `claims` (whole names: not after a character a name
+/// or a namespace may have, nor before one a name may have) taken out as its place in
+/// `claims`.
+fn parts(text: &str, claims: &[String]) -> Vec<Part> {
     let part_of_name = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_');
-    let mut out = String::with_capacity(text.len());
+    let mut parts = Vec::new();
+    let mut plain = String::new();
+    let mut before: Option<char> = None;
     let mut rest = text;
     'scan: while !rest.is_empty() {
-        let before_ok = out
-            .chars()
-            .last()
-            .is_none_or(|c| !part_of_name(c) && c != '/');
-        if before_ok {
-            for (old, new) in from.iter().zip(to) {
-                if let Some(after) = rest.strip_prefix(old.as_str())
+        if before.is_none_or(|c| !part_of_name(c) && c != '/') {
+            for (i, name) in claims.iter().enumerate() {
+                if let Some(after) = rest.strip_prefix(name.as_str())
                     && !after.starts_with(part_of_name)
                 {
-                    out.push_str(new);
+                    if !plain.is_empty() {
+                        parts.push(Part::Text(std::mem::take(&mut plain)));
+                    }
+                    parts.push(Part::Claim(i));
+                    before = name.chars().last();
                     rest = after;
                     continue 'scan;
                 }
             }
         }
         let c = rest.chars().next().expect("not empty");
-        out.push(c);
+        plain.push(c);
+        before = Some(c);
         rest = &rest[c.len_utf8()..];
     }
-    out
+    if !plain.is_empty() {
+        parts.push(Part::Text(plain));
+    }
+    parts
+}
+
+/// A reason in `parts` written with the names `claims`.
+fn written(parts: &[Part], claims: &[String]) -> String {
+    parts
+        .iter()
+        .map(|p| match p {
+            Part::Text(t) => t.as_str(),
+            Part::Claim(i) => claims.get(*i).map_or("", String::as_str),
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::rename;
+    use super::{parts, written};
 
     #[test]
     fn a_kept_reason_names_the_claims_of_the_pod_that_reads_it() {
         let from = ["default/a".to_string(), "default/b".to_string()];
         let to = ["default/b".to_string(), "default/a-2".to_string()];
         assert_eq!(
-            rename(
-                "claim default/a request gpu: 0 available; claim default/b request nic; default/ab, xdefault/a",
-                &from,
+            written(
+                &parts(
+                    "claim default/a request gpu: 0 available; claim default/b request nic; default/ab, xdefault/a",
+                    &from,
+                ),
                 &to
             ),
             "claim default/b request gpu: 0 available; claim default/a-2 request nic; default/ab, xdefault/a"

@@ -63,6 +63,7 @@ pub use engine::{
     VolumeDecision,
 };
 pub use framework::Profile;
+pub use framework::in_pool;
 pub use group::{GroupDecision, GroupPlacement};
 pub use handoff::{Degradation, Handoff, Owners};
 pub use preemption::{GroupPreemption, Preemption, Victim};

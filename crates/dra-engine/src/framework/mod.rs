@@ -40,7 +40,7 @@ mod run;
 mod status;
 
 pub use profile::{PluginArgs, PluginEntry, Profile};
-pub use run::{Attempt, Framework, NodeOutcome, Scores, fit_error};
+pub use run::{Attempt, Framework, NodeOutcome, Scores, fit_error, in_pool};
 pub use status::{Code, Status};
 
 /// The most a score plugin may give a node, after normalising (kube-scheduler's MaxNodeScore).

@@ -1,5 +1,7 @@
 //! The result of running a plugin at an extension point, as kube-scheduler's `fwk.Status`.
 
+use std::sync::Arc;
+
 /// What happened, as kube-scheduler's status codes (plus why a search stopped).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Code {
@@ -18,11 +20,13 @@ pub enum Code {
     },
 }
 
-/// A code with the reasons, and the plugin that gave it.
+/// A code with the reasons, and the plugin that gave it. The reasons are shared: a status
+/// is copied for every node that gives it (a kept device answer, the same fit error), and a
+/// copy costs no allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Status {
     pub code: Code,
-    pub reasons: Vec<String>,
+    pub reasons: Arc<[String]>,
     pub plugin: &'static str,
 }
 
@@ -38,7 +42,7 @@ impl Status {
     pub fn new(code: Code, reasons: Vec<String>) -> Status {
         Status {
             code,
-            reasons,
+            reasons: reasons.into(),
             plugin: "",
         }
     }

@@ -925,7 +925,7 @@ mod tests {
             panic!()
         };
         assert_eq!(status.code, Code::Unschedulable);
-        assert_eq!(status.reasons, ["Insufficient cpu"]);
+        assert_eq!(*status.reasons, ["Insufficient cpu"]);
         let five = pod("new").container(&[("cpu", "5")]).build();
         let [(_, status)] = &fit_filter(Args::default(), nodes, vec![running, five])[..] else {
             panic!()
@@ -943,7 +943,7 @@ mod tests {
         let [(_, status)] = &fit_filter(Args::default(), nodes, pods)[..] else {
             panic!()
         };
-        assert_eq!(status.reasons, ["Too many pods"]);
+        assert_eq!(*status.reasons, ["Too many pods"]);
         assert_eq!(status.code, Code::Unschedulable);
     }
 
@@ -960,7 +960,7 @@ mod tests {
         let [(_, status)] = &fit_filter(Args::default(), nodes.clone(), pods())[..] else {
             panic!()
         };
-        assert_eq!(status.reasons, ["Insufficient example.com/foo"]);
+        assert_eq!(*status.reasons, ["Insufficient example.com/foo"]);
         for args in [
             Args {
                 ignored_resources: vec!["example.com/foo".into()],
@@ -989,7 +989,7 @@ mod tests {
         let [(_, status)] = &fit_filter(args, nodes, pods)[..] else {
             panic!()
         };
-        assert_eq!(status.reasons, ["Insufficient hugepages-2Mi"]);
+        assert_eq!(*status.reasons, ["Insufficient hugepages-2Mi"]);
     }
 
     #[test]
