@@ -333,7 +333,7 @@ impl Engine {
             revise,
             device_memo: Some(&device_memo),
         };
-        let nodes: Vec<&NodeInfo> = match scope.nodes {
+        let mut nodes: Vec<&NodeInfo> = match scope.nodes {
             Some(only) => only.iter().filter_map(|n| state.nodes.get(n)).collect(),
             None => state.nodes.values().collect(),
         };
@@ -341,6 +341,14 @@ impl Engine {
             Search::Enough => self.feasible_nodes_to_find(nodes.len()),
             Search::AllNodes => nodes.len(),
         };
+        // A plain pod's search starts where the last one stopped (a PodGroup's members
+        // search their own domains; every-node evaluations have no start).
+        let rotates = matches!(search, Search::Enough) && scope.nodes.is_none();
+        if rotates && !nodes.is_empty() {
+            let start = self.next_start_node % nodes.len();
+            nodes.rotate_left(start);
+        }
+        let mut examined = None;
         let mut attempt = framework.start(&cycle);
         let verdict = (|| {
             if let Some(status) = unsupported(&pod).filter(|_| !scope.group) {
@@ -350,6 +358,7 @@ impl Engine {
                 return Verdict::Stopped(status);
             }
             let outcomes = attempt.filter_nodes(&nodes, wanted);
+            examined = Some(outcomes.len());
             let stop = outcomes
                 .iter()
                 .any(|o| matches!(o.status.code, Code::Error | Code::Stopped { .. }));
@@ -397,6 +406,10 @@ impl Engine {
         })();
         let decided = decide(verdict);
         drop(attempt);
+        if let Some(examined) = examined.filter(|_| rotates) {
+            let total = nodes.len().max(1);
+            self.next_start_node = (self.next_start_node % total + examined) % total;
+        }
         self.record_search_steps(shared.search_steps.load(Ordering::Relaxed));
         let revised = std::mem::take(&mut *shared.revised.lock().expect("not poisoned"));
         self.record_revised(revised);
@@ -422,7 +435,7 @@ fn unsupported(pod: &k8s_openapi::api::core::v1::Pod) -> Option<Status> {
 fn select_host<'a>(scored: &[(&'a NodeInfo, i64)]) -> &'a NodeInfo {
     let mut best = scored[0];
     for candidate in &scored[1..] {
-        if candidate.1 > best.1 {
+        if candidate.1 > best.1 || (candidate.1 == best.1 && candidate.0.name() < best.0.name()) {
             best = *candidate;
         }
     }

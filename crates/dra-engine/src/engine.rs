@@ -218,6 +218,10 @@ pub struct Engine {
     nominations: BTreeMap<ObjectKey, Hold>,
     /// DynamicResources' answers per node and claim shape ([`DeviceMemo`]).
     device_memo: Arc<DeviceMemo>,
+    /// Where the next pod's search for feasible nodes starts, in node order
+    /// (kube-scheduler's nextStartNodeIndex): after the nodes the last search examined, so
+    /// that each node gets its turn when a search stops at numFeasibleNodesToFind.
+    pub(crate) next_start_node: usize,
 }
 
 /// What a preemption freed, held for the nominated pod while its victims terminate: in
@@ -246,6 +250,7 @@ impl Engine {
             revised: Default::default(),
             nominations: BTreeMap::new(),
             device_memo: Arc::default(),
+            next_start_node: 0,
         }
     }
 
@@ -265,6 +270,7 @@ impl Engine {
             revised: Default::default(),
             nominations: self.nominations.clone(),
             device_memo: Arc::default(),
+            next_start_node: self.next_start_node,
         }
     }
 

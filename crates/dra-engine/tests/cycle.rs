@@ -457,3 +457,32 @@ fn a_pod_of_a_pod_group_is_refused_not_placed_alone() {
         )
     );
 }
+
+/// 200 nodes of 4 CPUs, the first 50 too small for a pod of 1 CPU: kube-scheduler looks for
+/// 100 feasible nodes (numFeasibleNodesToFind), and each search starts after the nodes the
+/// last one examined (nextStartNodeIndex).
+#[test]
+fn each_search_starts_where_the_last_one_stopped() {
+    let nodes = (0..200)
+        .map(|i| node(&format!("node-{i:03}"), if i < 50 { "500m" } else { "4" }))
+        .collect();
+    let names = ["a", "b", "c", "d"];
+    let mut e = engine(ClusterInput {
+        nodes,
+        pods: names.iter().map(|n| pod(n, None, "1", 0)).collect(),
+        ..Default::default()
+    });
+    let mut placed = Vec::new();
+    for name in names {
+        let decision = e.schedule(&key(name));
+        let Decision::Scheduled(p) = &decision else {
+            panic!("{name} not scheduled: {:?}", decision.message())
+        };
+        placed.push(p.node.clone());
+        e.assume(p);
+    }
+    // a: nodes 0-149 (50 too small, then 100 that fit), the first of the equals.
+    // b: 150-199, then 0-99 (the 100th fit is node 99); node-050 has a's pod.
+    // c: 100-199; d: 0-149 again, past the two used.
+    assert_eq!(placed, ["node-050", "node-051", "node-100", "node-052"]);
+}

@@ -150,13 +150,14 @@ impl<'a> Attempt<'a> {
 
     /// Filter nodes in parallel, a chunk at a time, until `wanted` are feasible or a
     /// plugin stops the attempt (an error, or the device search out of time). Returns
-    /// the nodes examined, in order.
+    /// the nodes examined, in order: as kube-scheduler's search with one thread, up to the
+    /// `wanted`-th feasible node (or all of the chunk where a plugin stopped).
     pub fn filter_nodes(&self, nodes: &[&'a NodeInfo], wanted: usize) -> Vec<NodeOutcome<'a>> {
         let mut outcomes: Vec<NodeOutcome<'a>> = Vec::with_capacity(nodes.len());
         let mut feasible = 0;
         let chunk = 64.max(wanted.min(nodes.len()));
         for part in nodes.chunks(chunk) {
-            let results: Vec<NodeOutcome<'a>> = part
+            let mut results: Vec<NodeOutcome<'a>> = part
                 .par_iter()
                 .map(|node| NodeOutcome {
                     node,
@@ -166,6 +167,14 @@ impl<'a> Attempt<'a> {
             let stop = results
                 .iter()
                 .any(|o| matches!(o.status.code, Code::Error | Code::Stopped { .. }));
+            if !stop {
+                let mut missing = wanted.saturating_sub(feasible);
+                let last = results.iter().position(|o| {
+                    missing -= usize::from(o.status.is_success() && missing > 0);
+                    missing == 0
+                });
+                results.truncate(last.map_or(results.len(), |i| i + 1));
+            }
             feasible += results.iter().filter(|o| o.status.is_success()).count();
             outcomes.extend(results);
             if stop || feasible >= wanted {
