@@ -20,7 +20,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use dra_allocator::{Allocation, Snapshot};
+use dra_allocator::{Allocation, Quality, Snapshot};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use crate::framework::{Code, Status};
@@ -54,7 +54,7 @@ enum Part {
 /// What is kept for one node.
 #[derive(Clone)]
 pub(crate) enum Kept {
-    Found(Allocation),
+    Found(Arc<Allocation>, Arc<Quality>),
     Unfit(Arc<Unfit>),
 }
 
@@ -149,10 +149,10 @@ impl DeviceMemo {
         claims: &[String],
         snapshot: &Snapshot,
         node: &NodeInfo,
-        answer: Result<&Allocation, &Status>,
+        answer: Result<(&Arc<Allocation>, &Arc<Quality>), &Status>,
     ) {
         let kept = match answer {
-            Ok(a) => Kept::Found(a.clone()),
+            Ok((a, q)) => Kept::Found(a.clone(), q.clone()),
             Err(status) => Kept::Unfit(self.unfit(claims, status)),
         };
         let key = Self::key(shape, node);

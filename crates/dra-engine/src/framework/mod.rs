@@ -22,9 +22,9 @@
 //! The framework ([`Framework`]) runs the points and combines scores as kube-scheduler
 //! does: each plugin scores 0..=100 after normalising, times its weight, summed per node.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use dra_allocator::{Features, Limits, Quality, Snapshot};
 use k8s_openapi::api::core::v1::Pod;
@@ -132,32 +132,29 @@ impl Cycle<'_> {
 pub struct Shared {
     /// Allocator search steps (requests and devices tried), all nodes.
     pub search_steps: AtomicU64,
-    /// How good the devices DynamicResources found on each node are, for the device scores.
-    /// Read by every device score on every feasible node, at once: a read lock.
-    quality: RwLock<HashMap<String, Quality>>,
+    /// How good the devices DynamicResources found on each node are, for the device scores,
+    /// by [`NodeInfo::object_version`]. Read by every device score on every feasible node,
+    /// at once: a read lock.
+    quality: RwLock<foldhash::HashMap<u64, Arc<Quality>>>,
     /// The new allocations of [`Cycle::revise`]'s claims on the chosen node (Reserve).
     pub revised: Mutex<Vec<(ObjectKey, AllocationResult)>>,
 }
 
 impl Shared {
-    pub fn record_quality(&self, node: &str, quality: Quality) {
+    pub fn record_quality(&self, node: &NodeInfo, quality: Arc<Quality>) {
         self.quality
             .write()
             .expect("not poisoned")
-            .insert(node.to_string(), quality);
-    }
-
-    pub fn quality(&self, node: &str) -> Option<Quality> {
-        self.read_quality(node, Quality::clone)
+            .insert(node.object_version, quality);
     }
 
     /// `read` of the quality of the devices found on `node`, if any, without a copy.
-    pub fn read_quality<T>(&self, node: &str, read: impl FnOnce(&Quality) -> T) -> Option<T> {
+    pub fn read_quality<T>(&self, node: &NodeInfo, read: impl FnOnce(&Quality) -> T) -> Option<T> {
         self.quality
             .read()
             .expect("not poisoned")
-            .get(node)
-            .map(read)
+            .get(&node.object_version)
+            .map(|q| read(q))
     }
 }
 

@@ -25,7 +25,7 @@ impl PluginCycle for DeviceScore<'_> {
     fn pre_score(&mut self, feasible: &[&NodeInfo]) -> Status {
         let any = feasible
             .iter()
-            .any(|n| self.cycle.shared.read_quality(n.name(), |_| ()).is_some());
+            .any(|n| self.cycle.shared.read_quality(n, |_| ()).is_some());
         if any {
             Status::success()
         } else {
@@ -34,11 +34,7 @@ impl PluginCycle for DeviceScore<'_> {
     }
 
     fn score(&self, node: &NodeInfo) -> Result<i64, Status> {
-        Ok(self
-            .cycle
-            .shared
-            .read_quality(node.name(), self.cost)
-            .unwrap_or(0))
+        Ok(self.cycle.shared.read_quality(node, self.cost).unwrap_or(0))
     }
 
     /// Lowest cost gets 100; scores are cost relative to the highest, reversed.

@@ -20,9 +20,8 @@
 //! claims (theirs first), so an earlier member's devices change when that lets this pod
 //! fit; their new allocations go to [`crate::framework::Shared::revised`].
 
-use std::collections::HashMap;
-use std::sync::RwLock;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use dra_allocator::{AllocError, Allocation, Allocator, Outcome, Quality};
@@ -47,10 +46,10 @@ pub struct DynamicResources;
 enum Found {
     /// No claims to allocate.
     Nothing,
-    /// By the allocator of the pod's claims.
-    Plain(Allocation),
+    /// By the allocator of the pod's claims (shared with [`DeviceMemo`]).
+    Plain(Arc<Allocation>),
     /// By the allocator of the pod's claims plus the claim for extended resources.
-    Ext(Allocation),
+    Ext(Arc<Allocation>),
     /// Built at once: the allocator of a node that serves only some extended resources by
     /// DRA (a rare mix) is built for that node and not kept.
     Built(Vec<AllocationResult>),
@@ -60,7 +59,7 @@ struct NodeDevices {
     found: Found,
     /// What the pod's devices map of the node's resources, per claim.
     node_allocatable: Vec<NodeAllocatableResourceClaimStatus>,
-    quality: Option<Quality>,
+    quality: Option<Arc<Quality>>,
     /// The claim for extended resources is part of the answer.
     ext_claim: bool,
     took: Duration,
@@ -81,8 +80,8 @@ struct DraCycle<'a> {
     /// DRANodeAllocatableResources is on and some device maps node resources: the
     /// pod's devices are counted against the node ([`node_allocatable`]).
     maps_node_resources: bool,
-    /// What Filter found per node, for Score and Reserve.
-    nodes: RwLock<HashMap<String, NodeDevices>>,
+    /// What Filter found per node ([`NodeInfo::object_version`]), for Score and Reserve.
+    nodes: RwLock<foldhash::HashMap<u64, NodeDevices>>,
     /// The claims' shape, when what is found on a node may be kept for later pods
     /// ([`DeviceMemo`]): only this pod's own claims, no extended resources.
     shape: Option<u128>,
@@ -110,7 +109,7 @@ impl Plugin for DynamicResources {
             plain: None,
             with_ext: None,
             maps_node_resources: false,
-            nodes: RwLock::new(HashMap::new()),
+            nodes: RwLock::default(),
             shape: None,
             renamed: device_memo::Renamed::default(),
         })
@@ -220,12 +219,12 @@ impl<'a> PluginCycle for DraCycle<'a> {
         {
             Ok(devices) => {
                 if let Some(q) = &devices.quality {
-                    self.cycle.shared.record_quality(node.name(), q.clone());
+                    self.cycle.shared.record_quality(node, q.clone());
                 }
                 self.nodes
                     .write()
                     .expect("not poisoned")
-                    .insert(node.name().to_string(), devices);
+                    .insert(node.object_version, devices);
                 Status::success()
             }
             Err(status) => status,
@@ -243,7 +242,7 @@ impl<'a> PluginCycle for DraCycle<'a> {
     fn score(&self, node: &NodeInfo) -> Result<i64, Status> {
         let nodes = self.nodes.read().expect("not poisoned");
         Ok(nodes
-            .get(node.name())
+            .get(&node.object_version)
             .and_then(|d| d.quality.as_ref())
             .map(|q| i64::from(q.prioritized_score))
             .unwrap_or(0))
@@ -258,7 +257,7 @@ impl<'a> PluginCycle for DraCycle<'a> {
             .nodes
             .get_mut()
             .expect("not poisoned")
-            .remove(node.name())
+            .remove(&node.object_version)
         else {
             return Status::success();
         };
@@ -450,9 +449,9 @@ impl<'a> DraCycle<'a> {
         };
         let started = Instant::now();
         match memo.get(shape, self.cycle.snapshot, node) {
-            Some(Kept::Found(a)) => {
+            Some(Kept::Found(a, quality)) => {
                 return Ok(NodeDevices {
-                    quality: Some(a.quality.clone()),
+                    quality: Some(quality),
                     found: Found::Plain(a),
                     node_allocatable: Vec::new(),
                     ext_claim: false,
@@ -468,8 +467,9 @@ impl<'a> DraCycle<'a> {
         match &searched {
             Ok(NodeDevices {
                 found: Found::Plain(a),
+                quality: Some(q),
                 ..
-            }) => memo.put(shape, claims, snapshot, node, Ok(a)),
+            }) => memo.put(shape, claims, snapshot, node, Ok((a, q))),
             Err(status)
                 if matches!(
                     status.code,
@@ -488,7 +488,7 @@ impl<'a> DraCycle<'a> {
         let ext_here = self.ext_here(node);
         let own;
         // How a compact answer is kept for later; `None`: results are built at once.
-        type Keep = Option<fn(Allocation) -> Found>;
+        type Keep = Option<fn(Arc<Allocation>) -> Found>;
         let (allocator, keep): (_, Keep) = if ext_here.is_empty() {
             (self.plain.as_ref(), Some(Found::Plain))
         } else if ext_here.len() == self.ext.len() {
@@ -523,9 +523,9 @@ impl<'a> DraCycle<'a> {
                     .fetch_add(stats.steps, Ordering::Relaxed);
                 match outcome {
                     Outcome::Allocated(a) => {
-                        let quality = Some(a.quality.clone());
+                        let quality = Some(Arc::new(a.quality.clone()));
                         let found = match keep {
-                            Some(keep) => keep(a),
+                            Some(keep) => keep(Arc::new(a)),
                             None => Found::Built(
                                 allocator
                                     .results(&node.node, &a)
