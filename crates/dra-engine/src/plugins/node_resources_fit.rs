@@ -437,8 +437,8 @@ fn shape_score(shape: &[(i64, i64)], utilisation: i64) -> i64 {
 struct FitCycle<'a> {
     plugin: &'a NodeResourcesFit,
     cycle: &'a Cycle<'a>,
-    /// The pod's requests in units, for the filter.
-    request: Units,
+    /// What the filter checks on each node, in the order of its reasons.
+    checks: Vec<Check>,
     /// The pod's requests of the scored resources, non-zero, for the score.
     scored: Vec<i64>,
 }
@@ -461,7 +461,7 @@ impl Plugin for NodeResourcesFit {
         Box::new(FitCycle {
             plugin: self,
             cycle,
-            request: Units::of(cycle.requests),
+            checks: self.checks(&Units::of(cycle.requests), cycle),
             scored: Vec::new(),
         })
     }
@@ -513,6 +513,38 @@ impl PluginCycle for FitCycle<'_> {
     }
 }
 
+/// One of the pod's requests the filter checks on every node.
+struct Check {
+    resource: String,
+    want: i64,
+    /// A scalar resource that DeviceClasses serve (DRA extended resources): not checked on
+    /// nodes that have none of it by device plugin.
+    served_by_devices: bool,
+}
+
+impl NodeResourcesFit {
+    /// The pod's non-zero requests the filter checks, once per attempt: cpu, memory and
+    /// ephemeral-storage, then scalar resources by name, less the ignored extended ones.
+    fn checks(&self, request: &Units, cycle: &Cycle<'_>) -> Vec<Check> {
+        let check = |name: &str, want: i64| Check {
+            resource: name.to_string(),
+            want,
+            served_by_devices: is_scalar(name) && cycle.served_by_devices(name),
+        };
+        let basic = ["cpu", "memory", "ephemeral-storage"]
+            .into_iter()
+            .map(|name| (name, request.get(name)))
+            .filter(|&(_, want)| want > 0);
+        let scalar = request
+            .0
+            .iter()
+            .map(|(name, &want)| (name.as_str(), want))
+            .filter(|&(name, want)| want > 0 && is_scalar(name))
+            .filter(|&(name, _)| !(is_extended(name) && self.ignored(name)));
+        basic.chain(scalar).map(|(n, w)| check(n, w)).collect()
+    }
+}
+
 impl FitCycle<'_> {
     /// What does not fit, one reason per resource ("Too many pods", "Insufficient cpu"),
     /// and whether any request exceeds the node's whole allocatable.
@@ -529,30 +561,20 @@ impl FitCycle<'_> {
             reasons.push("Too many pods".to_string());
         }
         let used = &node.requested.units;
-        let mut check = |name: &str, want: i64| {
-            let have = allocatable(node, name);
-            if want > have.saturating_sub(used.get(name)) {
-                reasons.push(format!("Insufficient {name}"));
-                unresolvable |= want > have;
-            }
-        };
-        for name in ["cpu", "memory", "ephemeral-storage"] {
-            let want = self.request.get(name);
-            if want > 0 {
-                check(name, want);
-            }
-        }
-        for (name, &want) in &self.request.0 {
-            if want <= 0 || !is_scalar(name) {
+        for Check {
+            resource,
+            want,
+            served_by_devices,
+        } in &self.checks
+        {
+            let have = allocatable(node, resource);
+            if have <= 0 && *served_by_devices {
                 continue;
             }
-            if is_extended(name) && self.plugin.ignored(name) {
-                continue;
+            if *want > have.saturating_sub(used.get(resource)) {
+                reasons.push(format!("Insufficient {resource}"));
+                unresolvable |= *want > have;
             }
-            if allocatable(node, name) <= 0 && self.cycle.served_by_devices(name) {
-                continue;
-            }
-            check(name, want);
         }
         (reasons, unresolvable)
     }
