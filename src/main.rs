@@ -138,7 +138,7 @@ fn run_simulate(args: SimulateArgs) -> ExitCode {
             }
         }
     }
-    let sim = dra_engine::in_pool(|| simulate::simulate_groups(&options, input, groups));
+    let sim = simulate::simulate_groups(&options, input, groups);
     match args.output {
         Output::Table => print!("{}", simulate::report::table(&sim)),
         Output::Json => println!("{}", simulate::report::json(&sim)),

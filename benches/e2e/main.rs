@@ -34,6 +34,8 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 mod measure;
+#[path = "../plot_font.rs"]
+mod plot_font;
 mod report;
 mod workload;
 
@@ -95,7 +97,7 @@ fn main() {
     };
     let plot = std::env::var("E2E_PLOT").map_or(true, |v| v != "0");
     if plot && let Err(message) = report::load_font() {
-        eprintln!("e2e: {message}");
+        eprintln!("e2e: {message}, or set E2E_PLOT=0");
         std::process::exit(1);
     }
     std::fs::create_dir_all(&report_dir).expect("create the report directory");

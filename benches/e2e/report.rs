@@ -6,24 +6,10 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
+pub use crate::plot_font::load_font;
+
 use crate::measure::{Outcome, Runner};
 use crate::workload::Workload;
-
-/// The font the plot's text is drawn with, read at run time (plotters' `ab_glyph` backend
-/// has no fonts of its own).
-pub const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
-
-pub fn load_font() -> Result<(), String> {
-    let bytes = std::fs::read(FONT).map_err(|e| {
-        format!("the plot needs the font {FONT} ({e}); install fonts-dejavu-core (Debian, Ubuntu) or set E2E_PLOT=0")
-    })?;
-    plotters::style::register_font(
-        "sans-serif",
-        FontStyle::Normal,
-        Box::leak(bytes.into_boxed_slice()),
-    )
-    .map_err(|_| format!("{FONT} is not a font plotters can read"))
-}
 
 fn of(outcomes: &[Outcome], workload: Workload, runner: Runner) -> Option<&Outcome> {
     outcomes

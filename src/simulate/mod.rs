@@ -166,7 +166,13 @@ pub fn simulate(options: &Options, input: ClusterInput) -> Simulation {
 
 /// [`simulate`] with PodGroups: when the queue reaches the first pending member of a group,
 /// all its pending members are scheduled together and the group's decision is assumed.
+/// Runs on a thread of the engine's pool ([`dra_engine::in_pool`]): one cycle after another,
+/// each sharing its parallel steps with the pool directly.
 pub fn simulate_groups(options: &Options, input: ClusterInput, groups: Groups) -> Simulation {
+    dra_engine::in_pool(|| simulate_in_pool(options, input, groups))
+}
+
+fn simulate_in_pool(options: &Options, input: ClusterInput, groups: Groups) -> Simulation {
     let pod_order: Vec<ObjectKey> = input
         .pods
         .iter()
