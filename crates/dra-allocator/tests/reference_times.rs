@@ -116,20 +116,25 @@ fn reference_times() {
     }
 }
 
-/// `Snapshot::new` of case a, 100 times, for a profiler:
-/// `perf record -g target/release/deps/reference_times-* --ignored snapshot_new_loop`.
+/// `Snapshot::new` of case a (or the case whose name starts with `$CASE`), 100 times (or
+/// `$RUNS`), for a profiler: `perf record -g target/release/deps/reference_times-* --ignored snapshot_new_loop`.
 #[test]
 #[ignore]
 fn snapshot_new_loop_for_profiling() {
-    let (_, make) = common::cases::all().into_iter().next().unwrap();
+    let want = std::env::var("CASE").unwrap_or_else(|_| "a".into());
+    let (name, make) = common::cases::all()
+        .into_iter()
+        .find(|(name, _)| name.starts_with(&want))
+        .unwrap();
     let case = make();
     let slices: Vec<Arc<ResourceSlice>> = case.slices.iter().cloned().map(Arc::new).collect();
+    let runs: u32 = std::env::var("RUNS").map_or(100, |r| r.parse().unwrap());
     let start = Instant::now();
-    for _ in 0..100 {
+    for _ in 0..runs {
         std::hint::black_box(build(&case, &slices));
     }
     eprintln!(
-        "Snapshot::new, case a: {:.3} ms each",
-        start.elapsed().as_secs_f64() * 10.0
+        "Snapshot::new, {name}: {:.3} ms each",
+        start.elapsed().as_secs_f64() * 1e3 / f64::from(runs)
     );
 }

@@ -128,7 +128,7 @@ pub use check::MAX_COST;
 
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use cel::common::ast::{Expr, IdedExpr};
 use cel::common::types::CelBool;
@@ -398,12 +398,19 @@ fn build_env() -> Result<Env, cel::DeclarationError> {
 
 impl Environment {
     pub fn new(options: Options) -> Self {
-        // The declarations are fixed: a failure here is a bug in this crate, caught by every test.
-        let env =
-            build_env().unwrap_or_else(|e| panic!("dra-cel: building the CEL environment: {e}"));
+        // The declarations are fixed (options do not change them), so one `Env` serves every
+        // environment of the process: building it (stdlib, extensions, our library) costs
+        // more than a small snapshot, and a fresh selector cache makes a fresh environment.
+        static ENV: OnceLock<Arc<Env>> = OnceLock::new();
+        let env = ENV.get_or_init(|| {
+            // A failure here is a bug in this crate, caught by every test.
+            let env = build_env()
+                .unwrap_or_else(|e| panic!("dra-cel: building the CEL environment: {e}"));
+            Arc::new(env)
+        });
         Environment {
             options,
-            env: Arc::new(env),
+            env: Arc::clone(env),
             cache: RwLock::new(HashMap::new()),
         }
     }
