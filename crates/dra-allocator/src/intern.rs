@@ -7,11 +7,13 @@
 //! every first look at a device. The interner lives in the [`crate::SelectorCache`], so
 //! the numbers, and the results keyed by them, stay valid across snapshot rebuilds.
 
-use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash};
 
+use foldhash::HashMap;
+use hashbrown::HashTable;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 
-use crate::fxhash::FxMap;
+use crate::fxhash::FxHasher;
 
 /// The value number of "the device has no such attribute or capacity".
 pub(crate) const ABSENT: u32 = u32::MAX;
@@ -20,14 +22,80 @@ pub(crate) const ABSENT: u32 = u32::MAX;
 pub(crate) const LIMIT: usize = 1 << 20;
 
 /// Numbers for names, values and views. Names and values come from the API (untrusted
-/// text), so they are hashed with the standard library's keyed hasher.
+/// text), so they are hashed with a randomly seeded hasher (foldhash's `RandomState`: a
+/// seed per process and per map, so no list of inputs collides in every map).
+///
+/// Values and views are kept in one array each ([`Arena`]), not one allocation per entry:
+/// a device with a value no other device has (a UUID) adds a value and a view, so a
+/// snapshot of N such devices would otherwise allocate 2N times.
 #[derive(Debug, Default)]
 pub(crate) struct Interner {
     names: HashMap<Box<str>, u32>,
-    values: HashMap<Box<[u8]>, u32>,
-    views: FxMap<Box<[u32]>, u32>,
+    values: Arena<u8, foldhash::fast::RandomState>,
+    views: Arena<u32, BuildHasherDefault<FxHasher>>,
     /// Scratch space for a view's key.
     key: Vec<u32>,
+}
+
+/// Interned sequences: entry `i` is `items[spans[i]]`, `table` finds an entry by content.
+struct Arena<T, S> {
+    items: Vec<T>,
+    spans: Vec<(usize, usize)>,
+    /// (hash, entry number).
+    table: HashTable<(u64, u32)>,
+    hasher: S,
+}
+
+impl<T, S: Default> Default for Arena<T, S> {
+    fn default() -> Self {
+        Arena {
+            items: Vec::new(),
+            spans: Vec::new(),
+            table: HashTable::new(),
+            hasher: S::default(),
+        }
+    }
+}
+
+impl<T, S> std::fmt::Debug for Arena<T, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arena")
+            .field("entries", &self.spans.len())
+            .field("items", &self.items.len())
+            .finish()
+    }
+}
+
+impl<T: Copy + Eq + Hash, S: BuildHasher> Arena<T, S> {
+    fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    /// The number of `seq`, a new one if it is not there yet.
+    fn intern(&mut self, seq: &[T]) -> u32 {
+        let hash = self.hasher.hash_one(seq);
+        let Arena {
+            items,
+            spans,
+            table,
+            ..
+        } = self;
+        let found = table.find(hash, |&(h, id)| {
+            h == hash && {
+                let (start, end) = spans[id as usize];
+                &items[start..end] == seq
+            }
+        });
+        if let Some(&(_, id)) = found {
+            return id;
+        }
+        let id = spans.len() as u32;
+        let start = items.len();
+        items.extend_from_slice(seq);
+        spans.push((start, items.len()));
+        table.insert_unique(hash, (hash, id), |&(h, _)| h);
+        id
+    }
 }
 
 /// What a CEL selector can see of a device, as numbers: driver, `allowMultipleAllocations`,
@@ -106,12 +174,7 @@ impl Interner {
     }
 
     fn value(&mut self, bytes: &[u8]) -> u32 {
-        if let Some(&id) = self.values.get(bytes) {
-            return id;
-        }
-        let id = self.values.len() as u32;
-        self.values.insert(bytes.into(), id);
-        id
+        self.values.intern(bytes)
     }
 
     /// The numbers of one device, its pairs appended to `pairs`; `buf` is scratch space.
@@ -146,14 +209,7 @@ impl Interner {
         key.clear();
         key.extend([driver, u32::from(multi), attributes as u32]);
         key.extend(mine.iter().flat_map(|&(k, v)| [k, v]));
-        let id = match self.views.get(key.as_slice()) {
-            Some(&id) => id,
-            None => {
-                let id = self.views.len() as u32;
-                self.views.insert(key.as_slice().into(), id);
-                id
-            }
-        };
+        let id = self.views.intern(&key);
         self.key = key;
         // The API allows at most 32 attributes and capacities per device; more than a u16
         // holds would have been refused by the API server long before.

@@ -36,7 +36,7 @@ pub(crate) fn results(
         for pick in claim_picks(a, ci) {
             let p = &plan.reqs[pick.req as usize];
             let (slice, device) = snap.device(pick.entry);
-            let entry = &snap.devices[pick.entry as usize];
+            let parsed = snap.parsed(pick.entry);
             results.push(DeviceRequestAllocationResult {
                 request: p.name.clone(),
                 driver: slice.spec.driver.clone(),
@@ -59,7 +59,7 @@ pub(crate) fn results(
                     .clone()
                     .filter(|s| features.optional_node_operations && !s.is_empty()),
                 consumed_capacity: pick.consumed.as_ref().filter(|c| !c.is_empty()).map(|c| {
-                    entry
+                    parsed
                         .capacity
                         .iter()
                         .zip(c)

@@ -398,7 +398,8 @@ impl<'a> NodeRun<'a> {
                 let used_capacity = if !multi && !consumed_by_shares {
                     Vec::new()
                 } else {
-                    e.capacity
+                    snap.parsed(entry)
+                        .capacity
                         .iter()
                         .map(|c| {
                             usage
@@ -722,13 +723,14 @@ impl<'a> NodeRun<'a> {
                     .is_some_and(|m| !m.is_empty());
             let node_operations = !self.node_operations_allow(d.entry);
             let tainted = features.device_taints && taint_blocks(&entry.taints, &r.tolerations);
-            let unusable = entry.broken.is_some()
-                || (!features.partitionable_devices && !entry.counters.is_empty())
+            let parsed = self.snap.parsed(d.entry);
+            let unusable = parsed.broken.is_some()
+                || (!features.partitionable_devices && !parsed.counters.is_empty())
                 || node_operations
                 || maps_node_resources;
             let mut need = None;
             if features.consumable_capacity {
-                let computed = match (&r.capacity, &entry.unrequested) {
+                let computed = match (&r.capacity, &parsed.unrequested) {
                     // Same for every request without capacity stanza: computed once per device.
                     // Only shared devices keep the amount, so others need no copy.
                     (None, Ok(n)) => Ok(n.as_ref().map(|v| {
@@ -740,7 +742,7 @@ impl<'a> NodeRun<'a> {
                     })),
                     _ => consumption(
                         r.capacity.as_deref(),
-                        &entry.capacity,
+                        &parsed.capacity,
                         features.fractional_capacity_range,
                     ),
                 };
@@ -816,7 +818,7 @@ impl<'a> NodeRun<'a> {
     fn capacity_fits(&self, need: Option<&Vec<Quantity>>, d: u32) -> bool {
         let Some(need) = need else { return true };
         let dev = &self.devs[d as usize];
-        let caps = &self.snap.devices[dev.entry as usize].capacity;
+        let caps = &self.snap.parsed(dev.entry).capacity;
         let alloc = self.alloc_capacity[d as usize].as_ref();
         caps.iter().enumerate().all(|(i, c)| {
             let mut total = dev.used_capacity[i] + need[i];
@@ -1158,7 +1160,7 @@ impl<'a> NodeRun<'a> {
                 break;
             }
             let di = run[0].dev as usize;
-            let caps = &self.snap.devices[self.devs[di].entry as usize].capacity;
+            let caps = &self.snap.parsed(self.devs[di].entry).capacity;
             let alloc = self.alloc_capacity[di].as_ref();
             let mut best = run.len();
             for (j, c) in caps.iter().enumerate() {

@@ -3,8 +3,10 @@
 //! shared (`&Snapshot` or `Arc<Snapshot>`) by every per-node attempt; everything that does not
 //! depend on the node or the claims is computed here, once.
 
-use std::collections::{BTreeMap, HashMap};
-use std::hash::{Hash, Hasher};
+use std::collections::BTreeMap;
+use std::hash::BuildHasher;
+
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
@@ -141,14 +143,23 @@ pub(crate) struct DeviceEntry {
     pub per_device: bool,
     /// Taints from the slice plus matching DeviceTaintRules.
     pub taints: Vec<DeviceTaint>,
+    /// The device's capacity and counters, parsed: its number in [`Snapshot::parsed`].
+    pub parsed: u32,
+    pub slice: u32,
+    pub index: u32,
+}
+
+/// A device's capacity and counter consumption, parsed. Devices of a slice mostly declare
+/// the same ones (every GPU of a node 40Gi of memory), so a device that declares what the
+/// device before it declared shares that one's: no parsing or allocation per device.
+#[derive(Debug)]
+pub(crate) struct Parsed {
     pub counters: Consumption,
     /// Why the device cannot be used at all (e.g. an unparsable quantity).
     pub broken: Option<String>,
     /// What a request without `capacity` consumes (`Ok(None)`: it does not fit).
     pub unrequested: Result<Option<Vec<Quantity>>, crate::capacity::CapacityError>,
     pub capacity: Vec<Capacity>,
-    pub slice: u32,
-    pub index: u32,
 }
 
 pub(crate) const NUMA_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
@@ -249,10 +260,12 @@ pub struct Snapshot {
     classes: HashMap<String, DeviceClass>,
     pub(crate) slices: Vec<Arc<ResourceSlice>>,
     pub(crate) devices: Vec<DeviceEntry>,
+    /// What [`DeviceEntry::parsed`] numbers.
+    parsed: Vec<Parsed>,
     /// The attribute and capacity numbers of every [`DeviceEntry::view`].
     view_pairs: crate::intern::Pairs,
     pub(crate) slice_devices: Vec<(u32, u32)>,
-    node_slices: FxMap<String, Vec<u32>>,
+    node_slices: HashMap<String, Vec<u32>>,
     shared_slices: Vec<u32>,
     /// Pools sorted by (driver, pool): the index is the search order rank.
     pool_keys: Vec<(String, String)>,
@@ -269,6 +282,8 @@ pub struct Snapshot {
     /// (hash of driver, pool and device name, entry), sorted: the entries of a device id
     /// without a map entry (and three strings) per device.
     id_entries: Vec<(u64, u32)>,
+    /// The seed of the hashes in `id_entries`.
+    id_seed: foldhash::fast::RandomState,
     /// Complete pools, built once: (driver, pool) → (generation, #slices, pool).
     pool_cache: Vec<Option<(i64, usize, Arc<PoolStatic>)>>,
     /// Some device maps node allocatable resources (DRANodeAllocatableResources).
@@ -291,11 +306,10 @@ struct SliceInfo {
 }
 
 /// A device id's hash (for [`Snapshot`]'s sorted entry index; equal strings are compared
-/// on lookup, so collisions cost a comparison, never a wrong answer).
-fn id_hash(driver: &str, pool: &str, device: &str) -> u64 {
-    let mut h = std::hash::DefaultHasher::new();
-    (driver, pool, device).hash(&mut h);
-    h.finish()
+/// on lookup, so collisions cost a comparison, never a wrong answer). The names come from
+/// the API: `seed` is the snapshot's own random seed.
+fn id_hash(seed: &foldhash::fast::RandomState, driver: &str, pool: &str, device: &str) -> u64 {
+    seed.hash_one((driver, pool, device))
 }
 
 /// Everything but the name that makes two devices of one pool interchangeable, as numbers:
@@ -341,11 +355,20 @@ fn signature(
         || node_selector.is_some()
         || policies
     {
-        let mut d = device.clone();
-        d.name.clear();
-        d.taints = None;
-        d.attributes = None;
-        text(serde_json::to_string(&d).unwrap_or_default())
+        // The fields themselves, not a copy of the device without its name: equal text
+        // exactly when they are equal.
+        let rest = (
+            all_nodes,
+            binding_conditions,
+            binding_failure_conditions,
+            binds_to_node,
+            capacity,
+            consumes_counters,
+            node_allocatable_resources,
+            node_name,
+            node_selector,
+        );
+        text(serde_json::to_string(&rest).unwrap_or_default())
     } else {
         crate::intern::ABSENT
     };
@@ -444,19 +467,32 @@ impl Snapshot {
             })
             .unwrap_or_else(|| Arc::new(SelectorCache::new(features.list_type_attributes)));
         let mut interner = cache.interner.write().expect("not poisoned");
+        // Sized once: growing these (each a few hundred KiB for a few thousand devices)
+        // would copy them over and over.
+        let (n_devices, n_pairs) = slices
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .fold((0, 0), |(n, pairs), d| {
+                let attributes = d.attributes.as_ref().map_or(0, |a| a.len());
+                let capacity = d.capacity.as_ref().map_or(0, |c| c.len());
+                (n + 1, pairs + attributes + capacity)
+            });
         let mut buf = Vec::new();
-        let mut view_pairs = Vec::new();
+        let mut view_pairs = Vec::with_capacity(n_pairs);
         let mut maps_node_resources = false;
         let mut texts: HashMap<String, u32> = HashMap::new();
-        let mut devices = Vec::new();
+        let mut devices = Vec::with_capacity(n_devices);
         let mut slice_devices = Vec::with_capacity(slices.len());
-        let mut node_slices: FxMap<String, Vec<u32>> = FxMap::default();
+        let mut node_slices: HashMap<String, Vec<u32>> = HashMap::new();
         let mut sigs: FxMap<[u32; 4], u32> = FxMap::default();
         let mut numa_values: Vec<crate::attr::AttrValue> = Vec::new();
         let mut shared_slices = Vec::new();
-        let mut pool_slices: HashMap<(String, String), Vec<u32>> = HashMap::new();
+        // Keyed by the slices' own strings: copied once per pool, not once per slice.
+        let mut pool_slices_by_key: HashMap<(&str, &str), Vec<u32>> = HashMap::new();
         let mut numa_ids: HashMap<crate::attr::AttrValue, u32> = HashMap::new();
         let mut compat_slices: Vec<bool> = Vec::with_capacity(slices.len());
+        let mut parsed: Vec<Parsed> = Vec::new();
+        let mut previous: Option<&Device> = None;
         for (si, slice) in slices.iter().enumerate() {
             let spec = &slice.spec;
             let start = devices.len() as u32;
@@ -482,16 +518,28 @@ impl Snapshot {
                         taints.push(rule.spec.taint.clone());
                     }
                 }
-                let (capacity, counters, broken) =
-                    match (parse_capacity(device), parse_counters(device)) {
-                        (Ok(c), Ok(k)) => (c, k, None),
-                        (Err(e), _) | (_, Err(e)) => (Vec::new(), Vec::new(), Some(e)),
-                    };
-                let unrequested = crate::capacity::consumption(
-                    None,
-                    &capacity,
-                    features.fractional_capacity_range,
-                );
+                let same = previous.is_some_and(|p: &Device| {
+                    p.capacity == device.capacity && p.consumes_counters == device.consumes_counters
+                });
+                if !same {
+                    let (capacity, counters, broken) =
+                        match (parse_capacity(device), parse_counters(device)) {
+                            (Ok(c), Ok(k)) => (c, k, None),
+                            (Err(e), _) | (_, Err(e)) => (Vec::new(), Vec::new(), Some(e)),
+                        };
+                    let unrequested = crate::capacity::consumption(
+                        None,
+                        &capacity,
+                        features.fractional_capacity_range,
+                    );
+                    parsed.push(Parsed {
+                        counters,
+                        broken,
+                        unrequested,
+                        capacity,
+                    });
+                }
+                previous = Some(device);
                 let numa =
                     crate::attr::lookup(device.attributes.as_ref(), &spec.driver, NUMA_ATTRIBUTE)
                         .map(|v| match numa_ids.get(&v) {
@@ -515,7 +563,7 @@ impl Snapshot {
                 devices.push(DeviceEntry {
                     slice: si as u32,
                     index: di as u32,
-                    unrequested,
+                    parsed: parsed.len() as u32 - 1,
                     numa,
                     binding_conditions: device.binding_conditions.is_some(),
                     per_device: spec.per_device_node_selection == Some(true),
@@ -524,9 +572,6 @@ impl Snapshot {
                     sel_known: AtomicU64::new(0),
                     sel_value: AtomicU64::new(0),
                     taints,
-                    capacity,
-                    counters,
-                    broken,
                 });
             }
             slice_devices.push((start, devices.len() as u32));
@@ -541,28 +586,27 @@ impl Snapshot {
             });
             let ignored = uses_groups && !features.compatibility_groups;
             compat_slices.push(ignored);
+            pool_slices_by_key
+                .entry((&spec.driver, &spec.pool.name))
+                .or_default()
+                .push(si as u32);
             if ignored {
-                pool_slices
-                    .entry((spec.driver.clone(), spec.pool.name.clone()))
-                    .or_default()
-                    .push(si as u32);
                 continue;
             }
             match spec.node_name.as_deref() {
-                Some(n) if !n.is_empty() => node_slices
-                    .entry(n.to_string())
-                    .or_default()
-                    .push(si as u32),
+                // A node's name is copied once, for its first slice.
+                Some(n) if !n.is_empty() => match node_slices.get_mut(n) {
+                    Some(list) => list.push(si as u32),
+                    None => {
+                        node_slices.insert(n.to_string(), vec![si as u32]);
+                    }
+                },
                 _ => shared_slices.push(si as u32),
             }
-            pool_slices
-                .entry((spec.driver.clone(), spec.pool.name.clone()))
-                .or_default()
-                .push(si as u32);
         }
         drop(interner);
-        let mut pool_keys: Vec<(String, String)> = pool_slices.keys().cloned().collect();
-        pool_keys.sort();
+        let mut pool_keys: Vec<(&str, &str)> = pool_slices_by_key.keys().copied().collect();
+        pool_keys.sort_unstable();
         let mut slice_pool = vec![0u32; slices.len()];
         let slice_partitionable_only: Vec<bool> = slices
             .iter()
@@ -578,13 +622,18 @@ impl Snapshot {
             .iter()
             .enumerate()
             .map(|(i, k)| {
-                let list = pool_slices.remove(k).unwrap_or_default();
+                let list = pool_slices_by_key.remove(k).unwrap_or_default();
                 for &s in &list {
                     slice_pool[s as usize] = i as u32;
                 }
                 list
             })
             .collect();
+        let pool_keys: Vec<(String, String)> = pool_keys
+            .into_iter()
+            .map(|(driver, pool)| (driver.to_string(), pool.to_string()))
+            .collect();
+        drop(pool_slices_by_key);
         let pool_keys_len = pool_keys.len();
         let mut snapshot = Snapshot {
             features,
@@ -606,6 +655,7 @@ impl Snapshot {
             numa_values,
             slices,
             devices,
+            parsed,
             view_pairs,
             slice_devices,
             node_slices,
@@ -616,6 +666,7 @@ impl Snapshot {
             usage: HashMap::new(),
             entry_usage: Vec::new(),
             id_entries: Vec::new(),
+            id_seed: foldhash::fast::RandomState::default(),
             pool_cache: Vec::new(),
             maps_node_resources,
             id: {
@@ -638,7 +689,15 @@ impl Snapshot {
             .map(|entry| {
                 let (slice, device) = snapshot.device(entry);
                 let spec = &slice.spec;
-                (id_hash(&spec.driver, &spec.pool.name, &device.name), entry)
+                (
+                    id_hash(
+                        &snapshot.id_seed,
+                        &spec.driver,
+                        &spec.pool.name,
+                        &device.name,
+                    ),
+                    entry,
+                )
             })
             .collect();
         id_entries.sort_unstable();
@@ -733,7 +792,7 @@ impl Snapshot {
             if now.is_none() {
                 self.usage.remove(&id);
             }
-            let h = id_hash(&id.driver, &id.pool, &id.device);
+            let h = id_hash(&self.id_seed, &id.driver, &id.pool, &id.device);
             let from = self.id_entries.partition_point(|&(x, _)| x < h);
             for i in from..self.id_entries.len() {
                 let (x, e) = self.id_entries[i];
@@ -789,6 +848,11 @@ impl Snapshot {
     /// The value of `resource.kubernetes.io/numaNode` behind a [`DeviceEntry::numa`] id.
     pub(crate) fn numa_value(&self, id: u32) -> &crate::attr::AttrValue {
         &self.numa_values[id as usize]
+    }
+
+    /// The capacity and counters of device `entry`, parsed.
+    pub(crate) fn parsed(&self, entry: u32) -> &Parsed {
+        &self.parsed[self.devices[entry as usize].parsed as usize]
     }
 
     pub(crate) fn entry_usage(&self, entry: u32) -> Option<&Usage> {
@@ -959,7 +1023,7 @@ impl Snapshot {
         pool: &'a str,
         name: &'a str,
     ) -> impl Iterator<Item = (&'s ResourceSlice, &'s Device)> + use<'s, 'a> {
-        let h = id_hash(driver, pool, name);
+        let h = id_hash(&self.id_seed, driver, pool, name);
         let from = self.id_entries.partition_point(|&(x, _)| x < h);
         self.id_entries[from..]
             .iter()
@@ -1171,7 +1235,7 @@ impl Snapshot {
             }
         }
         let mut info = PoolStatic::new(driver, pool, PoolState::Usable);
-        let mut names = std::collections::HashSet::new();
+        let mut names = HashSet::new();
         for &s in &device_slices {
             for d in self.slices[s as usize].spec.devices.iter().flatten() {
                 if !names.insert(d.name.as_str()) {
@@ -1209,7 +1273,7 @@ impl Snapshot {
                 let (a, b) = self.slice_devices[s as usize];
                 for entry in a..b {
                     let mut flat = Vec::new();
-                    for (set, counters) in &self.devices[entry as usize].counters {
+                    for (set, counters) in &self.parsed(entry).counters {
                         if !sets.contains_key(set.as_str()) {
                             info.state = PoolState::Invalid(format!("counter set {set} not found"));
                             return info;
