@@ -35,6 +35,15 @@ pub(crate) struct Interner {
     views: Arena<u32, BuildHasherDefault<FxHasher>>,
     /// Scratch space for a view's key.
     key: Vec<u32>,
+    /// The device interned last (its address, never dereferenced: only compared with the
+    /// `previous` a caller passes), its driver's number, its (name, value) numbers in map
+    /// order (attributes, then capacity) and how many of them are attributes. Devices of a
+    /// slice mostly repeat their neighbour's names and most of its values: comparing with
+    /// it is cheaper than hashing.
+    last_device: usize,
+    last_driver: u32,
+    last: Vec<(u32, u32)>,
+    last_attributes: usize,
 }
 
 /// Interned sequences: entry `i` is `items[spans[i]]`, `table` finds an entry by content.
@@ -178,29 +187,75 @@ impl Interner {
     }
 
     /// The numbers of one device, its pairs appended to `pairs`; `buf` is scratch space.
+    /// `previous`: the device of the same slice (same driver) given to this interner just
+    /// before, if any.
     pub fn device(
         &mut self,
         buf: &mut Vec<u8>,
         pairs: &mut Pairs,
         driver: &str,
         device: &Device,
+        previous: Option<&Device>,
     ) -> DeviceView {
-        let driver = self.name(driver);
+        let previous = previous.filter(|p| std::ptr::from_ref(*p) as usize == self.last_device);
+        let driver = match previous {
+            Some(_) => self.last_driver,
+            None => self.name(driver),
+        };
         let multi = device.allow_multiple_allocations.unwrap_or(false);
         let start = pairs.len();
+        let last = std::mem::take(&mut self.last);
+        // Position i of `previous`'s maps is `last[i]` (capacities after the attributes).
+        let mut same_place = previous
+            .and_then(|p| p.attributes.as_ref())
+            .into_iter()
+            .flatten()
+            .zip(&last);
         for (k, a) in device.attributes.iter().flatten() {
-            buf.clear();
-            attribute_bytes(buf, a);
-            pairs.push((self.name(k), self.value(buf)));
+            let pair = match same_place.next() {
+                Some(((pk, pa), &(name, value))) if pk == k => {
+                    if pa == a {
+                        (name, value)
+                    } else {
+                        buf.clear();
+                        attribute_bytes(buf, a);
+                        (name, self.value(buf))
+                    }
+                }
+                _ => {
+                    buf.clear();
+                    attribute_bytes(buf, a);
+                    (self.name(k), self.value(buf))
+                }
+            };
+            pairs.push(pair);
         }
         let attributes = pairs.len() - start;
+        let mut same_place = previous
+            .and_then(|p| p.capacity.as_ref())
+            .into_iter()
+            .flatten()
+            .zip(last.get(self.last_attributes..).unwrap_or_default());
         for (k, c) in device.capacity.iter().flatten() {
             // CEL sees the quantity; the request policy is not visible to it.
-            buf.clear();
-            buf.push(b'q');
-            buf.extend_from_slice(c.value.0.as_bytes());
-            pairs.push((self.name(k), self.value(buf)));
+            let pair = match same_place.next() {
+                Some(((pk, pc), &(name, value))) if pk == k && pc.value == c.value => (name, value),
+                _ => {
+                    buf.clear();
+                    buf.push(b'q');
+                    buf.extend_from_slice(c.value.0.as_bytes());
+                    (self.name(k), self.value(buf))
+                }
+            };
+            pairs.push(pair);
         }
+        let mut last = last;
+        last.clear();
+        last.extend_from_slice(&pairs[start..]);
+        self.last = last;
+        self.last_attributes = attributes;
+        self.last_device = std::ptr::from_ref(device) as usize;
+        self.last_driver = driver;
         let capacity = pairs.len() - start - attributes;
         pairs[start..start + attributes].sort_unstable();
         pairs[start + attributes..].sort_unstable();
@@ -308,7 +363,7 @@ mod tests {
         driver: &str,
         d: crate::build::DeviceBuilder,
     ) -> DeviceView {
-        i.device(&mut Vec::new(), pairs, driver, &d.build())
+        i.device(&mut Vec::new(), pairs, driver, &d.build(), None)
     }
 
     #[test]

@@ -163,6 +163,8 @@ pub(crate) struct Parsed {
 }
 
 pub(crate) const NUMA_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
+/// The domain of [`NUMA_ATTRIBUTE`]: a driver of that name may write it unqualified.
+const NUMA_DOMAIN: &str = "resource.kubernetes.io";
 
 /// How much of a device is used by allocated and in-flight claims.
 #[derive(Clone, Debug, Default)]
@@ -277,11 +279,14 @@ pub struct Snapshot {
     /// The values behind [`DeviceEntry::numa`] ids.
     numa_values: Vec<crate::attr::AttrValue>,
     usage: HashMap<DeviceId, Usage>,
-    /// Per device entry, its usage (several entries can share one DeviceId).
+    /// Per device entry, its usage (several entries can share one DeviceId); empty until
+    /// an allocation is recorded.
     entry_usage: Vec<Option<Usage>>,
     /// (hash of driver, pool and device name, entry), sorted: the entries of a device id
-    /// without a map entry (and three strings) per device.
-    id_entries: Vec<(u64, u32)>,
+    /// without a map entry (and three strings) per device. Built when first needed (the
+    /// first allocation recorded, or [`Snapshot::devices_named`]): a snapshot of a cluster
+    /// with nothing allocated never looks a device up by name.
+    id_entries: OnceLock<Vec<(u64, u32)>>,
     /// The seed of the hashes in `id_entries`.
     id_seed: foldhash::fast::RandomState,
     /// Complete pools, built once: (driver, pool) → (generation, #slices, pool).
@@ -484,7 +489,8 @@ impl Snapshot {
         let mut devices = Vec::with_capacity(n_devices);
         let mut slice_devices = Vec::with_capacity(slices.len());
         let mut node_slices: HashMap<String, Vec<u32>> = HashMap::new();
-        let mut sigs: FxMap<[u32; 4], u32> = FxMap::default();
+        let mut sigs: FxMap<[u32; 4], u32> =
+            FxMap::with_capacity_and_hasher(n_devices, Default::default());
         let mut numa_values: Vec<crate::attr::AttrValue> = Vec::new();
         let mut shared_slices = Vec::new();
         // Keyed by the slices' own strings: copied once per pool, not once per slice.
@@ -492,6 +498,10 @@ impl Snapshot {
         let mut numa_ids: HashMap<crate::attr::AttrValue, u32> = HashMap::new();
         let mut compat_slices: Vec<bool> = Vec::with_capacity(slices.len());
         let mut parsed: Vec<Parsed> = Vec::new();
+        // The name number of NUMA_ATTRIBUTE, once a device has it, and the NUMA id of each
+        // value number met under it.
+        let mut numa_key: Option<u32> = None;
+        let mut numa_by_value: FxMap<u32, Option<u32>> = FxMap::default();
         let mut previous: Option<&Device> = None;
         for (si, slice) in slices.iter().enumerate() {
             let spec = &slice.spec;
@@ -539,23 +549,51 @@ impl Snapshot {
                         capacity,
                     });
                 }
-                previous = Some(device);
-                let numa =
-                    crate::attr::lookup(device.attributes.as_ref(), &spec.driver, NUMA_ATTRIBUTE)
-                        .map(|v| match numa_ids.get(&v) {
-                            Some(&id) => id,
-                            None => {
-                                let id = numa_ids.len() as u32;
-                                numa_ids.insert(v.clone(), id);
-                                numa_values.push(v);
-                                id
-                            }
-                        });
                 maps_node_resources |= device
                     .node_allocatable_resources
                     .as_ref()
                     .is_some_and(|m| !m.is_empty());
-                let view = interner.device(&mut buf, &mut view_pairs, &spec.driver, device);
+                let in_slice = previous.filter(|_| di > 0);
+                let view =
+                    interner.device(&mut buf, &mut view_pairs, &spec.driver, device, in_slice);
+                let mut numa_of = |v: crate::attr::AttrValue| match numa_ids.get(&v) {
+                    Some(&id) => id,
+                    None => {
+                        let id = numa_ids.len() as u32;
+                        numa_ids.insert(v.clone(), id);
+                        numa_values.push(v);
+                        id
+                    }
+                };
+                let lookup = || {
+                    crate::attr::lookup(device.attributes.as_ref(), &spec.driver, NUMA_ATTRIBUTE)
+                };
+                let numa = if spec.driver == NUMA_DOMAIN {
+                    // The unqualified `numaNode` counts too.
+                    lookup().map(&mut numa_of)
+                } else {
+                    // Only the qualified name counts: found among the view's numbers, and
+                    // equal value numbers are equal attributes, so each is converted once.
+                    numa_key = numa_key.or_else(|| interner.name_id(NUMA_ATTRIBUTE));
+                    let value = numa_key.map_or(crate::intern::ABSENT, |key| {
+                        view.value(
+                            &view_pairs,
+                            &ReadIds {
+                                capacity: false,
+                                domain: None,
+                                plain: None,
+                                qualified: Some(key),
+                            },
+                        )
+                    });
+                    if value == crate::intern::ABSENT {
+                        None
+                    } else {
+                        *numa_by_value
+                            .entry(value)
+                            .or_insert_with(|| lookup().map(&mut numa_of))
+                    }
+                };
                 let next = sigs.len() as u32;
                 let sym = *sigs
                     .entry(signature(&mut texts, placement, view.id, device, &taints))
@@ -573,6 +611,7 @@ impl Snapshot {
                     sel_value: AtomicU64::new(0),
                     taints,
                 });
+                previous = Some(device);
             }
             slice_devices.push((start, devices.len() as u32));
             // DRADeviceCompatibilityGroups is off in 1.37: such slices are ignored (their pool
@@ -665,7 +704,7 @@ impl Snapshot {
             compat_slices,
             usage: HashMap::new(),
             entry_usage: Vec::new(),
-            id_entries: Vec::new(),
+            id_entries: OnceLock::new(),
             id_seed: foldhash::fast::RandomState::default(),
             pool_cache: Vec::new(),
             maps_node_resources,
@@ -684,24 +723,6 @@ impl Snapshot {
         shared_pools.sort_unstable();
         shared_pools.dedup();
         snapshot.shared_pools = shared_pools;
-        snapshot.entry_usage = vec![None; snapshot.devices.len()];
-        let mut id_entries: Vec<(u64, u32)> = (0..snapshot.devices.len() as u32)
-            .map(|entry| {
-                let (slice, device) = snapshot.device(entry);
-                let spec = &slice.spec;
-                (
-                    id_hash(
-                        &snapshot.id_seed,
-                        &spec.driver,
-                        &spec.pool.name,
-                        &device.name,
-                    ),
-                    entry,
-                )
-            })
-            .collect();
-        id_entries.sort_unstable();
-        snapshot.id_entries = id_entries;
         let mut cache = Vec::new();
         for (pi, all) in snapshot.pool_slices.iter().enumerate() {
             let (driver, pool) = &snapshot.pool_keys[pi];
@@ -793,9 +814,15 @@ impl Snapshot {
                 self.usage.remove(&id);
             }
             let h = id_hash(&self.id_seed, &id.driver, &id.pool, &id.device);
-            let from = self.id_entries.partition_point(|&(x, _)| x < h);
-            for i in from..self.id_entries.len() {
-                let (x, e) = self.id_entries[i];
+            if self.entry_usage.is_empty() {
+                self.entry_usage = vec![None; self.devices.len()];
+            }
+            let (from, to) = {
+                let ids = self.id_entries();
+                (ids.partition_point(|&(x, _)| x < h), ids.len())
+            };
+            for i in from..to {
+                let (x, e) = self.id_entries()[i];
                 if x != h {
                     break;
                 }
@@ -856,7 +883,25 @@ impl Snapshot {
     }
 
     pub(crate) fn entry_usage(&self, entry: u32) -> Option<&Usage> {
-        self.entry_usage[entry as usize].as_ref()
+        self.entry_usage.get(entry as usize)?.as_ref()
+    }
+
+    /// [`Snapshot::id_entries`], built on first use.
+    fn id_entries(&self) -> &[(u64, u32)] {
+        self.id_entries.get_or_init(|| {
+            let mut id_entries: Vec<(u64, u32)> = (0..self.devices.len() as u32)
+                .map(|entry| {
+                    let (slice, device) = self.device(entry);
+                    let spec = &slice.spec;
+                    (
+                        id_hash(&self.id_seed, &spec.driver, &spec.pool.name, &device.name),
+                        entry,
+                    )
+                })
+                .collect();
+            id_entries.sort_unstable();
+            id_entries
+        })
     }
 
     pub(crate) fn device(&self, entry: u32) -> (&ResourceSlice, &Device) {
@@ -1024,8 +1069,9 @@ impl Snapshot {
         name: &'a str,
     ) -> impl Iterator<Item = (&'s ResourceSlice, &'s Device)> + use<'s, 'a> {
         let h = id_hash(&self.id_seed, driver, pool, name);
-        let from = self.id_entries.partition_point(|&(x, _)| x < h);
-        self.id_entries[from..]
+        let ids = self.id_entries();
+        let from = ids.partition_point(|&(x, _)| x < h);
+        ids[from..]
             .iter()
             .take_while(move |&&(x, _)| x == h)
             .map(|&(_, e)| self.device(e))
@@ -1235,14 +1281,21 @@ impl Snapshot {
             }
         }
         let mut info = PoolStatic::new(driver, pool, PoolState::Usable);
-        let mut names = HashSet::new();
-        for &s in &device_slices {
-            for d in self.slices[s as usize].spec.devices.iter().flatten() {
-                if !names.insert(d.name.as_str()) {
-                    info.state = PoolState::Invalid(format!("duplicate device name {}", d.name));
-                    return info;
-                }
-            }
+        // Sorted, not hashed: a pool has a few devices, mostly, and this runs for every pool.
+        let all_names = || {
+            device_slices
+                .iter()
+                .flat_map(|&s| self.slices[s as usize].spec.devices.iter().flatten())
+                .map(|d| d.name.as_str())
+        };
+        let mut names: Vec<&str> = all_names().collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            // The first name met twice, in slice order, is the one named (as upstream).
+            let mut seen = HashSet::new();
+            let twice = all_names().find(|n| !seen.insert(*n)).unwrap_or_default();
+            info.state = PoolState::Invalid(format!("duplicate device name {twice}"));
+            return info;
         }
         if self.features.partitionable_devices {
             let mut sets: HashMap<&str, usize> = HashMap::new();
@@ -1312,7 +1365,7 @@ impl Snapshot {
         let mut available = s.base.clone();
         if !available.is_empty() {
             for (entry, flat) in &s.consumes {
-                if self.entry_usage[*entry as usize].is_some() {
+                if self.entry_usage(*entry).is_some() {
                     for (i, q) in flat {
                         available[*i] -= *q;
                     }
@@ -1332,7 +1385,7 @@ impl Snapshot {
                 .compat
                 .keys()
                 .copied()
-                .filter(|e| self.entry_usage[*e as usize].is_some())
+                .filter(|e| self.entry_usage(*e).is_some())
                 .collect();
             allocated.sort_unstable();
             for entry in allocated {
