@@ -123,7 +123,7 @@ fn compile(
                 ),
             });
         };
-        let selector = snapshot
+        let compiled = snapshot
             .compile(&cel.expression)
             .map_err(|e| AllocError::Cel {
                 context: context(i),
@@ -131,8 +131,8 @@ fn compile(
             })?;
         out.push(CompiledSelector {
             expr: snapshot.expr_id(&cel.expression),
-            selector,
-            reads: crate::reads::reads(&cel.expression).map(|r| snapshot.resolve_reads(&r).into()),
+            selector: compiled.selector,
+            reads: compiled.reads.map(|r| snapshot.resolve_reads(&r).into()),
         });
     }
     Ok(out)

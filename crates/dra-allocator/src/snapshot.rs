@@ -166,6 +166,15 @@ pub(crate) const NUMA_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
 /// The domain of [`NUMA_ATTRIBUTE`]: a driver of that name may write it unqualified.
 const NUMA_DOMAIN: &str = "resource.kubernetes.io";
 
+/// A selector expression, compiled, shared by every snapshot of the process (as Kubernetes
+/// keeps one CEL compile cache per process).
+#[derive(Clone, Debug)]
+pub(crate) struct Compiled {
+    pub selector: Arc<dra_cel::Selector>,
+    /// What the expression reads of a device, when its text tells (see [`crate::reads`]).
+    pub reads: Option<Arc<[crate::reads::Read]>>,
+}
+
 /// How much of a device is used by allocated and in-flight claims.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Usage {
@@ -1055,11 +1064,6 @@ impl Snapshot {
             .reads(reads)
     }
 
-    /// Compiles a selector expression. Compiled programs are shared by every snapshot in
-    /// the process (as Kubernetes keeps one CEL compile cache per process): a fresh
-    /// snapshot evaluates selectors anew but does not compile them again.
-    /// A derived attribute's expression, compiled by the snapshot's CEL environment (which
-    /// caches it).
     /// The devices of the snapshot with this driver, pool and name, each with its slice
     /// (more than one only where slices of a pool repeat a name).
     pub fn devices_named<'s, 'a>(
@@ -1086,6 +1090,8 @@ impl Snapshot {
         self.maps_node_resources
     }
 
+    /// A derived attribute's expression, compiled by the snapshot's CEL environment (which
+    /// caches it).
     pub(crate) fn compile_derived(
         &self,
         expression: &str,
@@ -1093,27 +1099,31 @@ impl Snapshot {
         self.cache.env.compile_derived(expression)
     }
 
-    pub(crate) fn compile(
-        &self,
-        expression: &str,
-    ) -> Result<Arc<dra_cel::Selector>, dra_cel::CelError> {
-        type Compiled = RwLock<FxMap<(bool, String), Arc<dra_cel::Selector>>>;
-        static SHARED: std::sync::OnceLock<Compiled> = std::sync::OnceLock::new();
+    /// Compiles a selector expression. Compiled programs are shared by every snapshot in
+    /// the process (as Kubernetes keeps one CEL compile cache per process): a fresh
+    /// snapshot evaluates selectors anew but does not compile them again. With what the
+    /// expression's text reads of a device ([`crate::reads`]), worked out once per
+    /// expression as part of compiling it.
+    pub(crate) fn compile(&self, expression: &str) -> Result<Compiled, dra_cel::CelError> {
+        /// Per `list_type_attributes` option; expressions are text from the API.
+        type Shared = [RwLock<HashMap<String, Compiled>>; 2];
+        static SHARED: std::sync::OnceLock<Shared> = std::sync::OnceLock::new();
         /// Selectors come from DeviceClasses and claims: a cluster stays far below this.
         const LIMIT: usize = 10_000;
-        let shared = SHARED.get_or_init(Default::default);
-        let options = self.cache.options;
-        let key = (options, expression.to_string());
-        if let Some(s) = shared.read().expect("not poisoned").get(&key) {
-            return Ok(Arc::clone(s));
+        let shared = &SHARED.get_or_init(Default::default)[usize::from(self.cache.options)];
+        if let Some(c) = shared.read().expect("not poisoned").get(expression) {
+            return Ok(c.clone());
         }
-        let selector = self.cache.env.compile(expression)?;
+        let compiled = Compiled {
+            selector: self.cache.env.compile(expression)?,
+            reads: crate::reads::reads(expression).map(Arc::from),
+        };
         let mut map = shared.write().expect("not poisoned");
         if map.len() >= LIMIT {
             map.clear();
         }
-        map.insert(key, Arc::clone(&selector));
-        Ok(selector)
+        map.insert(expression.to_string(), compiled.clone());
+        Ok(compiled)
     }
 
     /// The compiled selectors and results, to hand to the next snapshot.

@@ -117,7 +117,7 @@ fn reference_times() {
 }
 
 /// `Snapshot::new` of case a (or the case whose name starts with `$CASE`), 100 times (or
-/// `$RUNS`), for a profiler: `perf record -g target/release/deps/reference_times-* --ignored snapshot_new_loop`.
+/// `$RUNS`), with one pod scheduled on each snapshot if `$POD` is 1, for a profiler: `perf record -g target/release/deps/reference_times-* --ignored snapshot_new_loop`.
 #[test]
 #[ignore]
 fn snapshot_new_loop_for_profiling() {
@@ -129,16 +129,22 @@ fn snapshot_new_loop_for_profiling() {
     let case = make();
     let slices: Vec<Arc<ResourceSlice>> = case.slices.iter().cloned().map(Arc::new).collect();
     let runs: u32 = std::env::var("RUNS").map_or(100, |r| r.parse().unwrap());
+    // `POD=1`: each snapshot also schedules the case's pod, as "cold with Snapshot::new".
+    let pod = std::env::var("POD").is_ok_and(|p| p == "1");
     let mut best = Duration::MAX;
     let start = Instant::now();
     for _ in 0..runs {
         let one = Instant::now();
         let snapshot = std::hint::black_box(build(&case, &slices));
+        if pod {
+            std::hint::black_box(common::one_pod(&snapshot, &case));
+        }
         best = best.min(one.elapsed());
         drop(snapshot);
     }
     eprintln!(
-        "Snapshot::new, {name}: {:.3} ms each with its drop, best {:.3} ms without",
+        "Snapshot::new{}, {name}: {:.3} ms each with its drop, best {:.3} ms without",
+        if pod { " and a pod" } else { "" },
         start.elapsed().as_secs_f64() * 1e3 / f64::from(runs),
         best.as_secs_f64() * 1e3
     );
