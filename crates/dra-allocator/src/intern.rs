@@ -7,13 +7,11 @@
 //! every first look at a device. The interner lives in the [`crate::SelectorCache`], so
 //! the numbers, and the results keyed by them, stay valid across snapshot rebuilds.
 
-use std::hash::{BuildHasher, BuildHasherDefault, Hash};
+use std::hash::{BuildHasher, Hash};
 
 use foldhash::HashMap;
 use hashbrown::HashTable;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
-
-use crate::fxhash::FxHasher;
 
 /// The value number of "the device has no such attribute or capacity".
 pub(crate) const ABSENT: u32 = u32::MAX;
@@ -32,7 +30,7 @@ pub(crate) const LIMIT: usize = 1 << 20;
 pub(crate) struct Interner {
     names: HashMap<Box<str>, u32>,
     values: Arena<u8, foldhash::fast::RandomState>,
-    views: Arena<u32, BuildHasherDefault<FxHasher>>,
+    views: Arena<u32, foldhash::fast::FixedState>,
     /// Scratch space for a view's key.
     key: Vec<u32>,
     /// The device interned last (its address, never dereferenced: only compared with the

@@ -125,7 +125,6 @@ pub mod build;
 mod capacity;
 mod compat;
 mod error;
-mod fxhash;
 mod intern;
 mod materialise;
 mod nodesel;
@@ -148,6 +147,12 @@ pub use outcome::{
 };
 pub use plan::{MAX_RESULTS_PER_CLAIM, MAX_SUBREQUESTS};
 pub use snapshot::{DeviceId, Features, SelectorCache, Snapshot, SnapshotInput};
+
+/// Maps and sets keyed by numbers this crate makes itself (no text from the API, so no
+/// HashDoS exposure): foldhash with its fixed seed, deterministic as the hand-written Fx
+/// hasher it replaces and about as cheap per key.
+pub(crate) type NumMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::FixedState>;
+pub(crate) type NumSet<K> = std::collections::HashSet<K, foldhash::fast::FixedState>;
 
 /// One pod's claims, checked and compiled against a snapshot; allocate them per node.
 #[derive(Debug)]

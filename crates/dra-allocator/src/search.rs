@@ -59,13 +59,13 @@ use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceTaint, DeviceTolerat
 use crate::attr::{AttrValue, ConstraintState, lookup};
 use crate::capacity::consumption;
 use crate::error::AllocError;
-use crate::fxhash::{FxMap, FxSet};
 use crate::outcome::{
     Allocation, Explanation, Limits, Outcome, Picked, Quality, RequestExplanation,
 };
 use crate::plan::{ConstraintKind, MAX_RESULTS_PER_CLAIM, Plan, ReqPlan};
 use crate::quantity::Quantity;
 use crate::snapshot::{NUMA_ATTRIBUTE, PoolInfo, PoolState, Snapshot, device_node_matches};
+use crate::{NumMap, NumSet};
 
 const MEMO_LIMIT: usize = 1 << 20;
 
@@ -153,11 +153,11 @@ struct ReqRun {
     /// For All: every matching device, all of which must be allocatable.
     all: Vec<u32>,
     /// Devices in `all` that can never be taken (taint, feature off, broken).
-    blocked: FxSet<u32>,
+    blocked: NumSet<u32>,
     /// Errors found for a device, raised only if the search reaches it (as upstream).
-    errors: FxMap<u32, AllocError>,
+    errors: NumMap<u32, AllocError>,
     /// Capacity consumption per device (aligned with its capacities), for feasible devices.
-    need: FxMap<u32, Vec<Quantity>>,
+    need: NumMap<u32, Vec<Quantity>>,
     /// Whether any candidate may be shared (allowMultipleAllocations).
     any_multi: bool,
     bound: ReqBound,
@@ -219,11 +219,11 @@ pub(crate) struct NodeRun<'a> {
     compat: Vec<Vec<crate::compat::Intersection>>,
     compat_undo: Vec<(u32, u32, crate::compat::Intersection)>,
     /// DRADerivedAttributes: (device entry, expression) → the value it yields.
-    derived: FxMap<(u32, String), Option<AttrValue>>,
+    derived: NumMap<(u32, String), Option<AttrValue>>,
     cstate: Vec<Vec<ConstraintState>>,
     results: Vec<Vec<Pick>>,
     chosen: Vec<Option<usize>>,
-    memo: FxSet<u128>,
+    memo: NumSet<u128>,
     /// Search exactly like upstream, without pruning: set when an `All` request is covered
     /// by a constraint, where upstream reports a constraint clash as an error for the whole
     /// attempt only if its search reaches it, and pruning could skip that point.
@@ -491,7 +491,7 @@ impl<'a> NodeRun<'a> {
         let mut run = NodeRun {
             compat,
             compat_undo: Vec::new(),
-            derived: FxMap::default(),
+            derived: NumMap::default(),
             snap,
             plan,
             node,
@@ -508,7 +508,7 @@ impl<'a> NodeRun<'a> {
             cstate,
             results,
             chosen,
-            memo: FxSet::default(),
+            memo: NumSet::default(),
             // Derived attributes are evaluated where upstream's search reaches them (an
             // error there fails the attempt): no pruning that could skip or add one.
             faithful: plan

@@ -15,8 +15,8 @@ use k8s_openapi::api::resource::v1::{
     AllocationResult, Device, DeviceClass, DeviceTaint, DeviceTaintRule, ResourceSlice,
 };
 
+use crate::NumMap;
 use crate::error::AllocError;
-use crate::fxhash::FxMap;
 use crate::intern::ReadIds;
 use crate::nodesel::node_matches;
 use crate::quantity::Quantity;
@@ -191,10 +191,10 @@ impl Usage {
 
 const CACHE_SHARDS: usize = 16;
 /// (expression id, device view) → selected.
-type ResultShard = FxMap<(u32, u32), bool>;
+type ResultShard = NumMap<(u32, u32), bool>;
 
 /// (expression id, driver, allowMultipleAllocations, the value of each read) → selected.
-type ReadShard = FxMap<Box<[u32]>, bool>;
+type ReadShard = NumMap<Box<[u32]>, bool>;
 
 /// Past this many remembered results a shard starts over (bounded memory).
 const CACHE_SHARD_LIMIT: usize = 1 << 18;
@@ -232,10 +232,10 @@ impl SelectorCache {
             interner_limit: crate::intern::LIMIT,
             expr_ids: RwLock::new(HashMap::new()),
             results: (0..CACHE_SHARDS)
-                .map(|_| RwLock::new(FxMap::default()))
+                .map(|_| RwLock::new(NumMap::default()))
                 .collect(),
             read_results: (0..CACHE_SHARDS)
-                .map(|_| RwLock::new(FxMap::default()))
+                .map(|_| RwLock::new(NumMap::default()))
                 .collect(),
         }
     }
@@ -498,8 +498,8 @@ impl Snapshot {
         let mut devices = Vec::with_capacity(n_devices);
         let mut slice_devices = Vec::with_capacity(slices.len());
         let mut node_slices: HashMap<String, Vec<u32>> = HashMap::new();
-        let mut sigs: FxMap<[u32; 4], u32> =
-            FxMap::with_capacity_and_hasher(n_devices, Default::default());
+        let mut sigs: NumMap<[u32; 4], u32> =
+            NumMap::with_capacity_and_hasher(n_devices, Default::default());
         let mut numa_values: Vec<crate::attr::AttrValue> = Vec::new();
         let mut shared_slices = Vec::new();
         // Keyed by the slices' own strings: copied once per pool, not once per slice.
@@ -510,7 +510,7 @@ impl Snapshot {
         // The name number of NUMA_ATTRIBUTE, once a device has it, and the NUMA id of each
         // value number met under it.
         let mut numa_key: Option<u32> = None;
-        let mut numa_by_value: FxMap<u32, Option<u32>> = FxMap::default();
+        let mut numa_by_value: NumMap<u32, Option<u32>> = NumMap::default();
         let mut previous: Option<&Device> = None;
         for (si, slice) in slices.iter().enumerate() {
             let spec = &slice.spec;
@@ -1005,11 +1005,8 @@ impl Snapshot {
     }
 
     fn read_shard(&self, key: &[u32]) -> &RwLock<ReadShard> {
-        let mut h = crate::fxhash::FxHasher::default();
-        for &w in key {
-            std::hash::Hasher::write_u32(&mut h, w);
-        }
-        &self.cache.read_results[std::hash::Hasher::finish(&h) as usize % CACHE_SHARDS]
+        let h = foldhash::fast::FixedState::default().hash_one(key);
+        &self.cache.read_results[h as usize % CACHE_SHARDS]
     }
 
     fn shard(&self, expr: u32, view: u32) -> &RwLock<ResultShard> {
@@ -1498,10 +1495,10 @@ pub(crate) struct PoolStatic {
     /// Shared counter values, flattened.
     pub base: Vec<Quantity>,
     /// Per device entry (targeting the node or not): (flat counter index, amount).
-    pub consumes: FxMap<u32, Vec<(usize, Quantity)>>,
+    pub consumes: NumMap<u32, Vec<(usize, Quantity)>>,
     /// With DRADeviceCompatibilityGroups, where some device of the pool declares groups:
     /// per device entry, each counter set it consumes and its groups (interned ids).
-    pub compat: FxMap<u32, Vec<(u32, crate::compat::Groups)>>,
+    pub compat: NumMap<u32, Vec<(u32, crate::compat::Groups)>>,
     /// The search's counter groups of `entries` (devices by position), built when a search
     /// first needs them.
     pub counter_groups: OnceLock<Vec<crate::search::CounterGroup>>,
@@ -1518,8 +1515,8 @@ impl PoolStatic {
             counter_names: Vec::new(),
             counter_set: Vec::new(),
             base: Vec::new(),
-            consumes: FxMap::default(),
-            compat: FxMap::default(),
+            consumes: NumMap::default(),
+            compat: NumMap::default(),
             counter_groups: OnceLock::new(),
         }
     }
