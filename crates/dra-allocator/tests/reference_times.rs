@@ -117,7 +117,8 @@ fn reference_times() {
 }
 
 /// `Snapshot::new` of case a (or the case whose name starts with `$CASE`), 100 times (or
-/// `$RUNS`), with one pod scheduled on each snapshot if `$POD` is 1, for a profiler: `perf record -g target/release/deps/reference_times-* --ignored snapshot_new_loop`.
+/// `$RUNS`), with one pod scheduled on each snapshot if `$POD` is 1, for a profiler:
+/// `perf record -g target/release/deps/reference_times-* --ignored snapshot_new_loop`.
 #[test]
 #[ignore]
 fn snapshot_new_loop_for_profiling() {
