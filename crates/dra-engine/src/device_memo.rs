@@ -20,6 +20,8 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use crossbeam_utils::CachePadded;
+
 use dra_allocator::{Allocation, Quality, Snapshot};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
@@ -73,15 +75,22 @@ struct Entry {
 pub struct DeviceMemo {
     /// The snapshot the entries were found on; another one empties the memo.
     snapshot: AtomicU64,
-    shards: [Mutex<foldhash::HashMap<(u128, u64), Entry>>; SHARDS],
+    shards: [CachePadded<Mutex<Shard>>; SHARDS],
     unfit: Mutex<UnfitByReasons>,
-    hits: AtomicU64,
+}
+
+/// A part of the memo, with its own lock (Filter runs on several threads at once).
+#[derive(Default)]
+struct Shard {
+    entries: foldhash::HashMap<(u128, u64), Entry>,
+    /// Answers taken from this shard.
+    hits: u64,
 }
 
 impl std::fmt::Debug for DeviceMemo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceMemo")
-            .field("hits", &self.hits.load(Ordering::Relaxed))
+            .field("hits", &self.hits())
             .finish()
     }
 }
@@ -112,13 +121,13 @@ impl DeviceMemo {
     pub(crate) fn begin(&self, snapshot: &Snapshot) {
         if self.snapshot.swap(snapshot.id(), Ordering::Relaxed) != snapshot.id() {
             for shard in &self.shards {
-                shard.lock().expect("not poisoned").clear();
+                shard.lock().expect("not poisoned").entries.clear();
             }
             self.unfit.lock().expect("not poisoned").clear();
         }
     }
 
-    fn shard(&self, key: (u128, u64)) -> &Mutex<foldhash::HashMap<(u128, u64), Entry>> {
+    fn shard(&self, key: (u128, u64)) -> &Mutex<Shard> {
         &self.shards[(key.1 as usize) % SHARDS]
     }
 
@@ -131,14 +140,13 @@ impl DeviceMemo {
     /// What was found for claims of `shape` on `node` with the same inputs, if anything.
     pub(crate) fn get(&self, shape: u128, snapshot: &Snapshot, node: &NodeInfo) -> Option<Kept> {
         let key = Self::key(shape, node);
-        let shard = self.shard(key).lock().expect("not poisoned");
+        let mut shard = self.shard(key).lock().expect("not poisoned");
         let found = shard
+            .entries
             .get(&key)
             .filter(|e| e.stamp == snapshot.pools_stamp(&e.pools))
             .map(|e| e.kept.clone());
-        if found.is_some() {
-            self.hits.fetch_add(1, Ordering::Relaxed);
-        }
+        shard.hits += u64::from(found.is_some());
         found
     }
 
@@ -162,11 +170,11 @@ impl DeviceMemo {
             pools,
             kept,
         };
-        let mut shard = self.shard(key).lock().expect("not poisoned");
-        if shard.len() >= SHARD_LIMIT && !shard.contains_key(&key) {
-            shard.clear();
+        let entries = &mut self.shard(key).lock().expect("not poisoned").entries;
+        if entries.len() >= SHARD_LIMIT && !entries.contains_key(&key) {
+            entries.clear();
         }
-        shard.insert(key, entry);
+        entries.insert(key, entry);
     }
 
     /// The one [`Unfit`] for these reasons, found for `claims`.
@@ -190,7 +198,10 @@ impl DeviceMemo {
 
     /// How many answers were taken from the memo (for tests and benches).
     pub fn hits(&self) -> u64 {
-        self.hits.load(Ordering::Relaxed)
+        self.shards
+            .iter()
+            .map(|s| s.lock().expect("not poisoned").hits)
+            .sum()
     }
 }
 

@@ -24,7 +24,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 use dra_allocator::{Features, Limits, Quality, Snapshot};
 use k8s_openapi::api::core::v1::Pod;
@@ -34,11 +34,13 @@ use crate::engine::Placement;
 use crate::resources::ResourceList;
 use crate::state::{ClusterState, NodeInfo, ObjectKey};
 
+mod by_node;
 pub mod config;
 mod profile;
 mod run;
 mod status;
 
+pub use by_node::ByNode;
 pub use profile::{PluginArgs, PluginEntry, Profile};
 pub use run::{Attempt, Framework, NodeOutcome, Scores, fit_error, in_pool};
 pub use status::{Code, Status};
@@ -135,26 +137,19 @@ pub struct Shared {
     /// How good the devices DynamicResources found on each node are, for the device scores,
     /// by [`NodeInfo::object_version`]. Read by every device score on every feasible node,
     /// at once: a read lock.
-    quality: RwLock<foldhash::HashMap<u64, Arc<Quality>>>,
+    quality: ByNode<Arc<Quality>>,
     /// The new allocations of [`Cycle::revise`]'s claims on the chosen node (Reserve).
     pub revised: Mutex<Vec<(ObjectKey, AllocationResult)>>,
 }
 
 impl Shared {
     pub fn record_quality(&self, node: &NodeInfo, quality: Arc<Quality>) {
-        self.quality
-            .write()
-            .expect("not poisoned")
-            .insert(node.object_version, quality);
+        self.quality.insert(node, quality);
     }
 
     /// `read` of the quality of the devices found on `node`, if any, without a copy.
     pub fn read_quality<T>(&self, node: &NodeInfo, read: impl FnOnce(&Quality) -> T) -> Option<T> {
-        self.quality
-            .read()
-            .expect("not poisoned")
-            .get(&node.object_version)
-            .map(|q| read(q))
+        self.quality.read(node, |q| read(q))
     }
 }
 

@@ -20,8 +20,8 @@
 //! claims (theirs first), so an earlier member's devices change when that lets this pod
 //! fit; their new allocations go to [`crate::framework::Shared::revised`].
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use dra_allocator::{AllocError, Allocation, Allocator, Outcome, Quality};
@@ -34,7 +34,8 @@ use crate::device_memo::{self, Kept};
 use crate::engine::{ClaimDecision, Placement};
 use crate::extended::{self, ExtendedRequest};
 use crate::framework::{
-    Code, Cycle, Plugin, PluginCycle, Point, PostFilterAction, Status, default_normalize_score,
+    ByNode, Code, Cycle, Plugin, PluginCycle, Point, PostFilterAction, Status,
+    default_normalize_score,
 };
 use crate::node_allocatable;
 use crate::state::{ClusterState, NodeInfo, ObjectKey};
@@ -81,7 +82,7 @@ struct DraCycle<'a> {
     /// pod's devices are counted against the node ([`node_allocatable`]).
     maps_node_resources: bool,
     /// What Filter found per node ([`NodeInfo::object_version`]), for Score and Reserve.
-    nodes: RwLock<foldhash::HashMap<u64, NodeDevices>>,
+    nodes: ByNode<NodeDevices>,
     /// The claims' shape, when what is found on a node may be kept for later pods
     /// ([`DeviceMemo`]): only this pod's own claims, no extended resources.
     shape: Option<u128>,
@@ -109,7 +110,7 @@ impl Plugin for DynamicResources {
             plain: None,
             with_ext: None,
             maps_node_resources: false,
-            nodes: RwLock::default(),
+            nodes: ByNode::default(),
             shape: None,
             renamed: device_memo::Renamed::default(),
         })
@@ -221,10 +222,7 @@ impl<'a> PluginCycle for DraCycle<'a> {
                 if let Some(q) = &devices.quality {
                     self.cycle.shared.record_quality(node, q.clone());
                 }
-                self.nodes
-                    .write()
-                    .expect("not poisoned")
-                    .insert(node.object_version, devices);
+                self.nodes.insert(node, devices);
                 Status::success()
             }
             Err(status) => status,
@@ -240,11 +238,13 @@ impl<'a> PluginCycle for DraCycle<'a> {
     }
 
     fn score(&self, node: &NodeInfo) -> Result<i64, Status> {
-        let nodes = self.nodes.read().expect("not poisoned");
-        Ok(nodes
-            .get(&node.object_version)
-            .and_then(|d| d.quality.as_ref())
-            .map(|q| i64::from(q.prioritized_score))
+        Ok(self
+            .nodes
+            .read(node, |d| {
+                d.quality
+                    .as_ref()
+                    .map_or(0, |q| i64::from(q.prioritized_score))
+            })
             .unwrap_or(0))
     }
 
@@ -253,12 +253,7 @@ impl<'a> PluginCycle for DraCycle<'a> {
     }
 
     fn reserve(&mut self, node: &NodeInfo, placement: &mut Placement) -> Status {
-        let Some(devices) = self
-            .nodes
-            .get_mut()
-            .expect("not poisoned")
-            .remove(&node.object_version)
-        else {
+        let Some(devices) = self.nodes.remove(node) else {
             return Status::success();
         };
         let built = match devices.found {
