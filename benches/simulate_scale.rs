@@ -162,8 +162,16 @@ fn plot(runs: &[Run], path: &std::path::Path) -> Result<(), String> {
         chart
             .configure_mesh()
             .x_desc("nodes")
+            .x_labels(6)
+            .y_labels(6)
             .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| format!("{y:.2}"))
+            .y_label_formatter(&|y| {
+                if *y >= 10.0 {
+                    format!("{y:.0}")
+                } else {
+                    format!("{y:.1}")
+                }
+            })
             .label_style(("sans-serif", 12))
             .draw()
             .map_err(|x| e(&x))?;
