@@ -458,6 +458,18 @@ async fn every_series_the_dashboard_and_the_alerts_ask_for_is_one_the_daemon_exp
         &["delete", "pod", "holder", "--grace-period=0", "--force"],
     );
     kubectl_apply_text(&cluster, "greedy", pod("greedy", "four-gpus").as_bytes());
+    // The binding of `refused` must meet the policy: wait until it refuses its probe.
+    eventually("the binding policy in force", 60, || async {
+        let out = cluster
+            .kubectl()
+            .args(["create", "configmap", "policy-probe", "--dry-run=server"])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stderr)
+            .contains("refused by the observability test")
+            .then_some(())
+    })
+    .await;
     kubectl_apply_text(&cluster, "refused", pod("refused", "").as_bytes());
 
     let started = std::time::Instant::now();
