@@ -109,10 +109,10 @@ impl Framework {
     }
 }
 
-/// Nodes one thread filters at a time: a node costs about a microsecond once the device
-/// memo answers, less than handing it to another thread.
-const FILTER_BATCH: usize = 32;
-/// Nodes one thread scores at a time, for the same reason (a score is cheaper still).
+/// Nodes one thread scores at a time: a score reads what Filter found and costs less than
+/// handing the node to another thread. (Filter is not batched: a node whose devices are
+/// searched, not remembered, can take long, and small clusters must still search in
+/// parallel.)
 const SCORE_BATCH: usize = 128;
 
 /// Runs `work` on a thread of the pool that filters and scores nodes in parallel, so that
@@ -165,7 +165,6 @@ impl<'a> Attempt<'a> {
         for part in nodes.chunks(chunk) {
             let mut results: Vec<NodeOutcome<'a>> = part
                 .par_iter()
-                .with_min_len(FILTER_BATCH)
                 .map(|node| NodeOutcome {
                     node,
                     status: self.filter(node),
