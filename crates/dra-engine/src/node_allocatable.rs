@@ -290,7 +290,7 @@ pub fn insufficient(
             || name == "ephemeral-storage"
             || name.starts_with("hugepages-")
     };
-    for (name, &want) in demand.0.iter().filter(|(n, _)| checked(n)) {
+    for (name, want) in demand.iter().filter(|(n, _)| checked(n)) {
         let have = allocatable.get(name);
         let hugepages = name.starts_with("hugepages-");
         if (want > 0 || hugepages) && want > have.saturating_sub(used.get(name)) {

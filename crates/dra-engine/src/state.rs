@@ -14,7 +14,7 @@ use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass, VolumeAtta
 
 use crate::plugins::label_selector::Selector;
 use crate::plugins::node_ports::{HostPort, host_ports};
-use crate::plugins::node_resources_fit::Requested;
+use crate::plugins::node_resources_fit::{Requested, Units, allocatable_units};
 use crate::resources::{ResourceList, pod_requests};
 
 /// Everything the engine is built from, as read from the API server or from manifests.
@@ -77,6 +77,11 @@ impl std::fmt::Display for ObjectKey {
 pub struct NodeInfo {
     pub node: Node,
     pub allocatable: ResourceList,
+    /// What NodeResourcesFit counts of `allocatable`, in its units (the filter and the
+    /// scores read it for every pod).
+    pub allocatable_units: Units,
+    /// `allocatable.pods`: how many pods may run here.
+    pub allowed_pods: i64,
     pub used: ResourceList,
     /// What the bound pods request as kube-scheduler adds it up for NodeResourcesFit and
     /// the scores: in units, each pod rounded on its own, and cpu and memory with the
@@ -109,8 +114,11 @@ impl NodeInfo {
                 Some(format!("node status.allocatable: {e}")),
             ),
         };
+        let allowed_pods = allocatable.0.get("pods").and_then(|q| q.value());
         NodeInfo {
             node,
+            allocatable_units: allocatable_units(&allocatable),
+            allowed_pods: allowed_pods.unwrap_or(0),
             allocatable,
             used: ResourceList::default(),
             requested: Requested::default(),
@@ -492,6 +500,8 @@ impl ClusterState {
             let fresh = NodeInfo::new(node);
             info.node = fresh.node;
             info.allocatable = fresh.allocatable;
+            info.allocatable_units = fresh.allocatable_units;
+            info.allowed_pods = fresh.allowed_pods;
             info.broken = fresh.broken;
             info.object_version = fresh.object_version;
             return;

@@ -43,7 +43,7 @@ mod status;
 pub use by_node::ByNode;
 pub use profile::{PluginArgs, PluginEntry, Profile};
 pub use run::{Attempt, Framework, NodeOutcome, Scores, fit_error, in_pool};
-pub use status::{Code, Status};
+pub use status::{Code, Reasons, Status};
 
 /// The most a score plugin may give a node, after normalising (kube-scheduler's MaxNodeScore).
 pub const MAX_NODE_SCORE: i64 = 100;

@@ -26,8 +26,27 @@ pub enum Code {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Status {
     pub code: Code,
-    pub reasons: Arc<[String]>,
+    pub reasons: Reasons,
     pub plugin: &'static str,
+}
+
+/// A status's reasons, shared between copies. None (every success, for every plugin on
+/// every node) takes no allocation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Reasons(Option<Arc<[String]>>);
+
+impl From<Vec<String>> for Reasons {
+    fn from(reasons: Vec<String>) -> Self {
+        Reasons((!reasons.is_empty()).then(|| reasons.into()))
+    }
+}
+
+impl std::ops::Deref for Reasons {
+    type Target = [String];
+
+    fn deref(&self) -> &[String] {
+        self.0.as_deref().unwrap_or(&[])
+    }
 }
 
 impl Status {

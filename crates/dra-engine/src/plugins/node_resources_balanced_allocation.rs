@@ -16,6 +16,8 @@
 use crate::framework::{Cycle, MAX_NODE_SCORE, Plugin, PluginCycle, Point, Status};
 use crate::state::NodeInfo;
 
+use smallvec::SmallVec;
+
 use super::node_resources_fit::{Counting, Units, allocation, default_resources};
 
 /// `NodeResourcesBalancedAllocationArgs`.
@@ -99,7 +101,7 @@ impl PluginCycle for BalanceCycle<'_> {
 /// (1 − the standard deviation of the fractions requested/allocatable) × 100, truncated;
 /// resources with no allocatable are left out, fractions are capped at 1.
 fn balance(requested: &[i64], allocatable: &[i64]) -> i64 {
-    let fractions: Vec<f64> = requested
+    let fractions: SmallVec<[f64; 4]> = requested
         .iter()
         .zip(allocatable)
         .filter(|(_, capacity)| **capacity != 0)

@@ -21,9 +21,8 @@
 //! node's score here; upstream counts the class's devices on the node and how many are
 //! allocated. With the default resources (cpu, memory) the two agree.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::{Container, Pod};
+use smallvec::{SmallVec, smallvec};
 
 use crate::framework::{Code, Cycle, MAX_NODE_SCORE, Plugin, PluginCycle, Point, Status};
 use crate::resources::{ResourceList, pod_requests};
@@ -73,29 +72,110 @@ pub const DEFAULT_MILLI_CPU_REQUEST: i64 = 100;
 pub const DEFAULT_MEMORY_REQUEST: i64 = 200 * 1024 * 1024;
 
 /// Resource amounts in kube-scheduler's units: millicores for cpu, whole units (rounded
-/// up) for everything else.
+/// up) for everything else. Looked up on every node for every pod: cpu, memory and
+/// ephemeral-storage have their own places ([`Basic`]), the few others are a list sorted by
+/// name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Units(pub BTreeMap<String, i64>);
+pub struct Units {
+    basic: [i64; 3],
+    named: Vec<(String, i64)>,
+}
+
+/// The resources every node and pod counts, by their place in [`Units`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Basic {
+    Cpu,
+    Memory,
+    EphemeralStorage,
+}
+
+impl Basic {
+    const ALL: [Basic; 3] = [Basic::Cpu, Basic::Memory, Basic::EphemeralStorage];
+
+    pub fn of(name: &str) -> Option<Basic> {
+        match name {
+            "cpu" => Some(Basic::Cpu),
+            "memory" => Some(Basic::Memory),
+            "ephemeral-storage" => Some(Basic::EphemeralStorage),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Basic::Cpu => "cpu",
+            Basic::Memory => "memory",
+            Basic::EphemeralStorage => "ephemeral-storage",
+        }
+    }
+}
 
 impl Units {
     /// A resource list in units, each amount rounded up on its own.
     pub fn of(list: &ResourceList) -> Units {
-        Units(
+        Units::from_pairs(
             list.0
                 .iter()
-                .map(|(name, q)| (name.clone(), units(name, q)))
-                .collect(),
+                .map(|(name, q)| (name.as_str(), units(name, q))),
         )
     }
 
+    /// From amounts by name, in order of name.
+    fn from_pairs<'a>(pairs: impl Iterator<Item = (&'a str, i64)>) -> Units {
+        let mut out = Units::default();
+        for (name, amount) in pairs {
+            match Basic::of(name) {
+                Some(basic) => out.basic[basic as usize] = amount,
+                None => out.named.push((name.to_string(), amount)),
+            }
+        }
+        out
+    }
+
     pub fn get(&self, name: &str) -> i64 {
-        self.0.get(name).copied().unwrap_or(0)
+        match Basic::of(name) {
+            Some(basic) => self.basic(basic),
+            None => self
+                .named
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(0, |(_, amount)| *amount),
+        }
+    }
+
+    pub fn basic(&self, basic: Basic) -> i64 {
+        self.basic[basic as usize]
+    }
+
+    /// The amounts by name, in order of name (cpu, memory and ephemeral-storage where not
+    /// zero).
+    pub fn iter(&self) -> impl Iterator<Item = (&str, i64)> {
+        let mut all: Vec<(&str, i64)> = Basic::ALL
+            .into_iter()
+            .map(|b| (b.name(), self.basic(b)))
+            .filter(|(_, amount)| *amount != 0)
+            .chain(self.named.iter().map(|(n, a)| (n.as_str(), *a)))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(b.0));
+        all.into_iter()
     }
 
     fn add(&mut self, other: &Units, sign: i64) {
-        for (name, amount) in &other.0 {
-            let entry = self.0.entry(name.clone()).or_default();
-            *entry = entry.saturating_add(sign.saturating_mul(*amount));
+        let add = |entry: &mut i64, amount: i64| {
+            *entry = entry.saturating_add(sign.saturating_mul(amount));
+        };
+        for (mine, theirs) in self.basic.iter_mut().zip(other.basic) {
+            add(mine, theirs);
+        }
+        for (name, amount) in &other.named {
+            let at = match self.named.binary_search_by(|(n, _)| n.cmp(name)) {
+                Ok(at) => at,
+                Err(at) => {
+                    self.named.insert(at, (name.clone(), 0));
+                    at
+                }
+            };
+            add(&mut self.named[at].1, *amount);
         }
     }
 }
@@ -291,11 +371,18 @@ fn is_qualified_name(value: &str) -> bool {
 /// The node's allocatable `resource` in units, as kube-scheduler's NodeInfo keeps it (only
 /// cpu, memory, ephemeral-storage and scalar resources).
 pub fn allocatable(node: &NodeInfo, resource: &str) -> i64 {
-    let known = matches!(resource, "cpu" | "memory" | "ephemeral-storage") || is_scalar(resource);
-    match node.allocatable.0.get(resource) {
-        Some(q) if known => units(resource, q),
-        _ => 0,
-    }
+    node.allocatable_units.get(resource)
+}
+
+/// [`allocatable`] for every resource of a node's allocatable, worked out once per Node
+/// object.
+pub fn allocatable_units(list: &ResourceList) -> Units {
+    Units::from_pairs(
+        list.0
+            .iter()
+            .filter(|(name, _)| Basic::of(name).is_some() || is_scalar(name))
+            .map(|(name, q)| (name.as_str(), units(name, q))),
+    )
 }
 
 /// Which of the node's requested amounts a score counts.
@@ -313,10 +400,13 @@ pub enum Counting {
 /// pod does not ask for, for scalar resources) are all zero (upstream's
 /// calculateNodeAllocatableRequest).
 pub struct Allocation {
-    pub requested: Vec<i64>,
-    pub allocated: Vec<i64>,
-    pub allocatable: Vec<i64>,
+    pub requested: PerResource,
+    pub allocated: PerResource,
+    pub allocatable: PerResource,
 }
+
+/// One amount per scored resource (two by default), inline.
+pub type PerResource = SmallVec<[i64; 4]>;
 
 pub fn allocation(
     resources: &[(String, i64)],
@@ -326,9 +416,9 @@ pub fn allocation(
 ) -> Allocation {
     let n = resources.len();
     let mut out = Allocation {
-        requested: vec![0; n],
-        allocated: vec![0; n],
-        allocatable: vec![0; n],
+        requested: smallvec![0; n],
+        allocated: smallvec![0; n],
+        allocatable: smallvec![0; n],
     };
     for (i, (resource, _)) in resources.iter().enumerate() {
         if pod[i] == 0 && is_scalar(resource) {
@@ -516,6 +606,8 @@ impl PluginCycle for FitCycle<'_> {
 /// One of the pod's requests the filter checks on every node.
 struct Check {
     resource: String,
+    /// Where cpu, memory and ephemeral-storage are kept, for them.
+    basic: Option<Basic>,
     want: i64,
     /// A scalar resource that DeviceClasses serve (DRA extended resources): not checked on
     /// nodes that have none of it by device plugin.
@@ -528,17 +620,16 @@ impl NodeResourcesFit {
     fn checks(&self, request: &Units, cycle: &Cycle<'_>) -> Vec<Check> {
         let check = |name: &str, want: i64| Check {
             resource: name.to_string(),
+            basic: Basic::of(name),
             want,
             served_by_devices: is_scalar(name) && cycle.served_by_devices(name),
         };
-        let basic = ["cpu", "memory", "ephemeral-storage"]
+        let basic = Basic::ALL
             .into_iter()
-            .map(|name| (name, request.get(name)))
+            .map(|b| (b.name(), request.basic(b)))
             .filter(|&(_, want)| want > 0);
         let scalar = request
-            .0
             .iter()
-            .map(|(name, &want)| (name.as_str(), want))
             .filter(|&(name, want)| want > 0 && is_scalar(name))
             .filter(|&(name, _)| !(is_extended(name) && self.ignored(name)));
         basic.chain(scalar).map(|(n, w)| check(n, w)).collect()
@@ -551,27 +642,25 @@ impl FitCycle<'_> {
     fn insufficient(&self, node: &NodeInfo) -> (Vec<String>, bool) {
         let mut reasons = Vec::new();
         let mut unresolvable = false;
-        let allowed_pods = node
-            .allocatable
-            .0
-            .get("pods")
-            .and_then(|q| q.value())
-            .unwrap_or(0);
-        if node.pods as i64 + 1 > allowed_pods {
+        if node.pods as i64 + 1 > node.allowed_pods {
             reasons.push("Too many pods".to_string());
         }
         let used = &node.requested.units;
         for Check {
             resource,
+            basic,
             want,
             served_by_devices,
         } in &self.checks
         {
-            let have = allocatable(node, resource);
+            let (have, used) = match basic {
+                Some(b) => (node.allocatable_units.basic(*b), used.basic(*b)),
+                None => (allocatable(node, resource), used.get(resource)),
+            };
             if have <= 0 && *served_by_devices {
                 continue;
             }
-            if *want > have.saturating_sub(used.get(resource)) {
+            if *want > have.saturating_sub(used) {
                 reasons.push(format!("Insufficient {resource}"));
                 unresolvable |= *want > have;
             }
@@ -869,9 +958,9 @@ mod tests {
         // Only one node: nothing is scored.
         assert!(e.plugin_scores.is_empty());
         let a = Allocation {
-            requested: vec![1000, 1 << 30],
-            allocated: vec![0, 0],
-            allocatable: vec![4000, 8 << 30],
+            requested: smallvec![1000, 1 << 30],
+            allocated: smallvec![0, 0],
+            allocatable: smallvec![4000, 8 << 30],
         };
         let plugin = NodeResourcesFit::new(&Args {
             resources: vec![("cpu".into(), 3), ("memory".into(), 1)],
