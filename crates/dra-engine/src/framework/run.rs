@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use rayon::prelude::*;
@@ -113,7 +114,14 @@ impl Framework {
 /// handing the node to another thread. (Filter is not batched: a node whose devices are
 /// searched, not remembered, can take long, and small clusters must still search in
 /// parallel.)
-const SCORE_BATCH: usize = 128;
+const SCORE_BATCH: usize = 512;
+/// Fewer feasible nodes than this are scored on the attempt's own thread: every plugin's
+/// score of them takes less than waking another thread for a share and waiting for it.
+const SCORE_ALONE: usize = 2 * SCORE_BATCH;
+
+/// How long one attempt filters nodes on its own thread before it shares the rest out
+/// ([`Attempt::filter_nodes`]): a few hundred remembered answers, or one device search.
+const ALONE: Duration = Duration::from_millis(1);
 
 /// Runs `work` on a thread of the pool that filters and scores nodes in parallel, so that
 /// every cycle in it shares that work with the pool's other threads directly. Called from
@@ -154,12 +162,42 @@ impl<'a> Attempt<'a> {
         Status::success()
     }
 
-    /// Filter nodes in parallel, a chunk at a time, until `wanted` are feasible or a
-    /// plugin stops the attempt (an error, or the device search out of time). Returns
-    /// the nodes examined, in order: as kube-scheduler's search with one thread, up to the
-    /// `wanted`-th feasible node (or all of the chunk where a plugin stopped).
+    /// Filter nodes until `wanted` are feasible or a plugin stops the attempt (an error, or
+    /// the device search out of time). Returns the nodes examined, in order: as
+    /// kube-scheduler's search with one thread, up to the `wanted`-th feasible node (or
+    /// all of the parallel chunk where a plugin stopped).
+    ///
+    /// The first nodes are filtered on this thread, for up to [`ALONE`]: most answers are
+    /// remembered ones, a fraction of a microsecond each, and waking other threads for
+    /// them costs more than they do (and moves each node's data from core to core). What
+    /// is left after that goes to the pool, a chunk at a time.
     pub fn filter_nodes(&self, nodes: &[&'a NodeInfo], wanted: usize) -> Vec<NodeOutcome<'a>> {
-        let mut outcomes: Vec<NodeOutcome<'a>> = Vec::with_capacity(nodes.len());
+        let mut outcomes: Vec<NodeOutcome<'a>> = Vec::with_capacity(nodes.len().min(wanted * 2));
+        let mut feasible = 0;
+        let started = Instant::now();
+        let mut rest = nodes;
+        while let Some((node, tail)) = rest.split_first() {
+            if feasible >= wanted || started.elapsed() >= ALONE {
+                break;
+            }
+            let status = self.filter(node);
+            let stop = matches!(status.code, Code::Error | Code::Stopped { .. });
+            feasible += usize::from(status.is_success());
+            outcomes.push(NodeOutcome { node, status });
+            rest = tail;
+            if stop {
+                return outcomes;
+            }
+        }
+        if feasible < wanted {
+            outcomes.extend(self.filter_in_parallel(rest, wanted - feasible));
+        }
+        outcomes
+    }
+
+    /// [`Attempt::filter_nodes`] on the pool's threads, a chunk at a time.
+    fn filter_in_parallel(&self, nodes: &[&'a NodeInfo], wanted: usize) -> Vec<NodeOutcome<'a>> {
+        let mut outcomes: Vec<NodeOutcome<'a>> = Vec::new();
         let mut feasible = 0;
         let chunk = 64.max(wanted.min(nodes.len()));
         for part in nodes.chunks(chunk) {
@@ -214,12 +252,29 @@ impl<'a> Attempt<'a> {
                 _ => return Err(status.with_plugin(plugin_name(slot))),
             }
         }
-        for slot in self.slots.iter().filter(|s| !s.skip_score) {
-            let name = plugin_name(slot);
-            let mut raw = feasible
+        let scoring: Vec<&Slot<'a>> = self.slots.iter().filter(|s| !s.skip_score).collect();
+        // Every plugin's score of a node, node after node.
+        let scoring = &scoring;
+        let of_node = |node: &&'a NodeInfo| {
+            let node: &'a NodeInfo = node;
+            scoring.iter().map(move |slot| slot.cycle.score(node))
+        };
+        let all: Vec<Result<i64, Status>> = if feasible.len() < SCORE_ALONE {
+            feasible.iter().flat_map(of_node).collect()
+        } else {
+            feasible
                 .par_iter()
                 .with_min_len(SCORE_BATCH)
-                .map(|node| slot.cycle.score(node))
+                .flat_map_iter(of_node)
+                .collect()
+        };
+        for (at, slot) in scoring.iter().enumerate() {
+            let name = plugin_name(slot);
+            let mut raw = all
+                .iter()
+                .skip(at)
+                .step_by(scoring.len())
+                .cloned()
                 .collect::<Result<Vec<i64>, Status>>()
                 .map_err(|s| s.with_plugin(name))?;
             slot.cycle.normalize_score(&mut raw);

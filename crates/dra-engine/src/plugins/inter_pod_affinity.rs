@@ -391,7 +391,12 @@ impl<'a> AffinityCycle<'a> {
     fn existing(&mut self) -> &[Existing<'a>] {
         let state = self.cycle.state;
         self.existing.get_or_insert_with(|| {
-            let nodes: Vec<&NodeInfo> = state.nodes.values().collect();
+            // Usually none: only the nodes with such pods go to the pool.
+            let nodes: Vec<&NodeInfo> = state
+                .nodes
+                .values()
+                .filter(|n| !n.pods_with_affinity.is_empty())
+                .collect();
             nodes
                 .par_iter()
                 .flat_map_iter(|node| {
