@@ -172,7 +172,8 @@ impl<'a> Attempt<'a> {
     /// them costs more than they do (and moves each node's data from core to core). What
     /// is left after that goes to the pool, a chunk at a time.
     pub fn filter_nodes(&self, nodes: &[&'a NodeInfo], wanted: usize) -> Vec<NodeOutcome<'a>> {
-        let mut outcomes: Vec<NodeOutcome<'a>> = Vec::with_capacity(nodes.len().min(wanted * 2));
+        let mut outcomes: Vec<NodeOutcome<'a>> =
+            Vec::with_capacity(nodes.len().min(wanted.saturating_mul(2)));
         let mut feasible = 0;
         let started = Instant::now();
         let mut rest = nodes;
