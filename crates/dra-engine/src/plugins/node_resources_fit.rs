@@ -872,6 +872,44 @@ mod tests {
     use super::*;
     use crate::framework::PluginArgs;
 
+    #[test]
+    fn units_list_resources_by_name_wherever_they_are_kept() {
+        let list: std::collections::BTreeMap<String, _> = [
+            ("memory", "1Gi"),
+            ("cpu", "500m"),
+            ("hugepages-2Mi", "4Mi"),
+            ("example.com/foo", "2"),
+            ("ephemeral-storage", "0"),
+        ]
+        .into_iter()
+        .map(|(name, amount)| {
+            let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(amount.into());
+            (name.to_string(), q)
+        })
+        .collect();
+        let pod = Units::of(&ResourceList::parse(Some(&list)).unwrap());
+        // cpu and memory have fixed places, the others a list; read back in name order
+        // (reasons are written in that order), zero basics left out.
+        assert_eq!(
+            pod.iter().collect::<Vec<_>>(),
+            [
+                ("cpu", 500),
+                ("example.com/foo", 2),
+                ("hugepages-2Mi", 4 << 20),
+                ("memory", 1 << 30)
+            ]
+        );
+        let mut node = Units::default();
+        node.add(&pod, 1);
+        node.add(&pod, 1);
+        assert_eq!(node.get("cpu"), 1000);
+        assert_eq!(node.basic(Basic::Memory), 2 << 30);
+        assert_eq!(node.get("example.com/foo"), 4);
+        assert_eq!(node.get("example.com/bar"), 0);
+        node.add(&pod, -1);
+        assert_eq!(node, pod);
+    }
+
     fn with_strategy(strategy: Strategy) -> PluginArgs {
         PluginArgs {
             node_resources_fit: Args {
