@@ -21,7 +21,8 @@ pub struct Metrics {
     registry: Registry,
     /// Per placement that allocates at least one claim: how long the device search for the
     /// pod's claims took on the chosen node (the engine's `Placement::allocation_time`; a
-    /// pod's claims are searched together), in seconds.
+    /// pod's claims are searched together; devices remembered from an earlier pod's search
+    /// count that search's time), in seconds.
     pub allocation_latency: prometheus::Histogram,
     /// Every scheduling attempt, by result (scheduled, unschedulable, error), in seconds:
     /// the whole cycle (filters, device search on every node, scoring); for a pod whose first

@@ -303,8 +303,8 @@ impl Engine {
                 .collect();
         let snapshot = self.snapshot();
         let device_memo = self.device_memo();
-        let shared = Shared::default();
         let state = self.state();
+        let shared = Shared::for_nodes(state.nodes.len());
         let revise = scope
             .revise
             .iter()

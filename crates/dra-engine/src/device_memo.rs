@@ -19,6 +19,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 use smallvec::SmallVec;
@@ -54,10 +55,11 @@ enum Part {
     Text(String),
     Claim(usize),
 }
-/// What is kept for one node.
+/// What is kept for one node: the devices found, how good they are and how long the
+/// search for them took; or why none fit.
 #[derive(Clone)]
 pub(crate) enum Kept {
-    Found(Arc<Allocation>, Arc<Quality>),
+    Found(Arc<Allocation>, Arc<Quality>, Duration),
     Unfit(Arc<Unfit>),
 }
 
@@ -159,10 +161,10 @@ impl DeviceMemo {
         claims: &[String],
         snapshot: &Snapshot,
         node: &NodeInfo,
-        answer: Result<(&Arc<Allocation>, &Arc<Quality>), &Status>,
+        answer: Result<(&Arc<Allocation>, &Arc<Quality>, Duration), &Status>,
     ) {
         let kept = match answer {
-            Ok((a, q)) => Kept::Found(a.clone(), q.clone()),
+            Ok((a, q, took)) => Kept::Found(a.clone(), q.clone(), took),
             Err(status) => Kept::Unfit(self.unfit(claims, status)),
         };
         let key = Self::key(shape, node);

@@ -94,7 +94,9 @@ pub struct Placement {
     pub node: String,
     pub claims: Vec<ClaimDecision>,
     /// How long the device search for the pod's claims took on the chosen node (zero when
-    /// nothing was allocated). All of a pod's claims are searched together.
+    /// nothing was allocated). All of a pod's claims are searched together. For devices
+    /// remembered from an earlier pod's attempt ([`crate::device_memo`]), the time of
+    /// the search that found them.
     pub allocation_time: Duration,
     /// What VolumeBinding decided for the pod's PersistentVolumeClaims that are not bound
     /// yet; the binder writes these first (PreBind), then waits for the claims to be bound.

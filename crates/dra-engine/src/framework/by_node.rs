@@ -9,6 +9,9 @@ use crossbeam_utils::CachePadded;
 use crate::state::NodeInfo;
 
 const SHARDS: usize = 16;
+/// The most values [`ByNode::with_room_for`] makes room for up front: about as many as
+/// kube-scheduler's percentageOfNodesToScore looks at in a large cluster.
+const ROOM: usize = 4096;
 
 /// A value per node, by [`NodeInfo::object_version`].
 pub struct ByNode<V> {
@@ -24,6 +27,20 @@ impl<V> Default for ByNode<V> {
 }
 
 impl<V> ByNode<V> {
+    /// Room for about `nodes` values without growing (at most [`ROOM`] in all): an
+    /// attempt's Filter fills it node after node, and each growth copies what is there.
+    pub fn with_room_for(nodes: usize) -> Self {
+        let per_shard = nodes.min(ROOM).div_ceil(SHARDS);
+        ByNode {
+            shards: std::array::from_fn(|_| {
+                CachePadded::new(RwLock::new(foldhash::HashMap::with_capacity_and_hasher(
+                    per_shard,
+                    Default::default(),
+                )))
+            }),
+        }
+    }
+
     fn shard(&self, node: &NodeInfo) -> &RwLock<foldhash::HashMap<u64, V>> {
         &self.shards[node.object_version as usize % SHARDS]
     }

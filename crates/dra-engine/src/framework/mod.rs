@@ -143,6 +143,14 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// For an attempt on a cluster of `nodes` nodes.
+    pub fn for_nodes(nodes: usize) -> Self {
+        Shared {
+            quality: ByNode::with_room_for(nodes),
+            ..Shared::default()
+        }
+    }
+
     pub fn record_quality(&self, node: &NodeInfo, quality: Arc<Quality>) {
         self.quality.insert(node, quality);
     }

@@ -122,6 +122,10 @@ const SCORE_ALONE: usize = 2 * SCORE_BATCH;
 /// How long one attempt filters nodes on its own thread before it shares the rest out
 /// ([`Attempt::filter_nodes`]): a few hundred remembered answers, or one device search.
 const ALONE: Duration = Duration::from_millis(1);
+/// [`ALONE`] is checked every this many nodes: reading the clock costs about as much as
+/// a remembered answer. (A node whose devices are searched for takes longer: at most
+/// this many such searches run alone past [`ALONE`].)
+const CLOCK_EVERY: usize = 4;
 
 /// Runs `work` on a thread of the pool that filters and scores nodes in parallel, so that
 /// every cycle in it shares that work with the pool's other threads directly. Called from
@@ -167,7 +171,7 @@ impl<'a> Attempt<'a> {
     /// kube-scheduler's search with one thread, up to the `wanted`-th feasible node (or
     /// all of the parallel chunk where a plugin stopped).
     ///
-    /// The first nodes are filtered on this thread, for up to [`ALONE`]: most answers are
+    /// The first nodes are filtered on this thread, for about [`ALONE`]: most answers are
     /// remembered ones, a fraction of a microsecond each, and waking other threads for
     /// them costs more than they do (and moves each node's data from core to core). What
     /// is left after that goes to the pool, a chunk at a time.
@@ -178,7 +182,8 @@ impl<'a> Attempt<'a> {
         let started = Instant::now();
         let mut rest = nodes;
         while let Some((node, tail)) = rest.split_first() {
-            if feasible >= wanted || started.elapsed() >= ALONE {
+            let look_at_clock = outcomes.len().is_multiple_of(CLOCK_EVERY);
+            if feasible >= wanted || (look_at_clock && started.elapsed() >= ALONE) {
                 break;
             }
             let status = self.filter(node);
