@@ -60,6 +60,7 @@ struct NodeDevices {
     found: Found,
     /// What the pod's devices map of the node's resources, per claim.
     node_allocatable: Vec<NodeAllocatableResourceClaimStatus>,
+    /// How good the devices found are; Filter moves it to [`crate::framework::Shared`] for Score.
     quality: Option<Arc<Quality>>,
     /// The claim for extended resources is part of the answer.
     ext_claim: bool,
@@ -218,9 +219,10 @@ impl<'a> PluginCycle for DraCycle<'a> {
             .allocate(node)
             .and_then(|d| self.count_node_resources(node, d))
         {
-            Ok(devices) => {
-                if let Some(q) = &devices.quality {
-                    self.cycle.shared.record_quality(node, q.clone());
+            Ok(mut devices) => {
+                // Kept once, where the device scores read it too.
+                if let Some(q) = devices.quality.take() {
+                    self.cycle.shared.record_quality(node, q);
                 }
                 self.nodes.insert(node, devices);
                 Status::success()
@@ -239,12 +241,9 @@ impl<'a> PluginCycle for DraCycle<'a> {
 
     fn score(&self, node: &NodeInfo) -> Result<i64, Status> {
         Ok(self
-            .nodes
-            .read(node, |d| {
-                d.quality
-                    .as_ref()
-                    .map_or(0, |q| i64::from(q.prioritized_score))
-            })
+            .cycle
+            .shared
+            .read_quality(node, |q| i64::from(q.prioritized_score))
             .unwrap_or(0))
     }
 
