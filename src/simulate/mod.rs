@@ -34,6 +34,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use dra_engine::group::pod_group_name;
+use dra_engine::plugins::priority_sort::priority;
 use dra_engine::{
     ClusterInput, Decision, Engine, EngineConfig, GroupDecision, ObjectKey, Preemption, Profile,
 };
@@ -288,15 +289,12 @@ fn preempt(
     groups: &Groups,
     key: &ObjectKey,
 ) -> Option<Result<Preemption, String>> {
-    let priority =
-        |p: &k8s_openapi::api::core::v1::Pod| p.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
     let mine = priority(engine.state().pods.get(key)?);
-    let lower = engine.state().nodes.values().any(|n| {
-        n.pod_keys
-            .iter()
-            .filter_map(|k| engine.state().pods.get(k))
-            .any(|p| priority(p) < mine)
-    });
+    let lower = engine
+        .state()
+        .nodes
+        .values()
+        .any(|n| n.lowest_priority().is_some_and(|p| p < mine));
     if !lower {
         return None;
     }

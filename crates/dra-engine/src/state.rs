@@ -15,6 +15,7 @@ use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass, VolumeAtta
 use crate::plugins::label_selector::Selector;
 use crate::plugins::node_ports::{HostPort, host_ports};
 use crate::plugins::node_resources_fit::{Requested, Units, allocatable_units};
+use crate::plugins::priority_sort::priority;
 use crate::resources::{ResourceList, pod_requests};
 
 /// Everything the engine is built from, as read from the API server or from manifests.
@@ -93,6 +94,9 @@ pub struct NodeInfo {
     /// Those of them with pod affinity or anti-affinity (as kube-scheduler's NodeInfo
     /// keeps them apart): InterPodAffinity looks at these on every attempt.
     pub pods_with_affinity: BTreeSet<ObjectKey>,
+    /// How many of them have each priority (`spec.priority`, 0 when unset): whether a
+    /// pod of lower priority is here is read without looking the pods up.
+    pub priorities: BTreeMap<i32, usize>,
     pub ports: Vec<HostPort>,
     /// Why the node's own object is unusable (e.g. a malformed allocatable quantity).
     pub broken: Option<String>,
@@ -125,6 +129,7 @@ impl NodeInfo {
             pods: 0,
             pod_keys: BTreeSet::new(),
             pods_with_affinity: BTreeSet::new(),
+            priorities: BTreeMap::new(),
             ports: Vec::new(),
             broken,
             object_version: {
@@ -151,8 +156,15 @@ impl NodeInfo {
         if has_pod_affinity(pod) {
             self.pods_with_affinity.insert(key.clone());
         }
-        self.pod_keys.insert(key);
+        if self.pod_keys.insert(key) {
+            *self.priorities.entry(priority(pod)).or_default() += 1;
+        }
         self.ports.extend(host_ports(pod));
+    }
+
+    /// The lowest priority of the pods bound here, if any.
+    pub fn lowest_priority(&self) -> Option<i32> {
+        self.priorities.keys().next().copied()
     }
 
     pub fn remove_pod(&mut self, pod: &Pod) {
@@ -165,7 +177,14 @@ impl NodeInfo {
         self.pods = self.pods.saturating_sub(1);
         let key = ObjectKey::of(&pod.metadata);
         self.pods_with_affinity.remove(&key);
-        self.pod_keys.remove(&key);
+        if self.pod_keys.remove(&key)
+            && let Some(n) = self.priorities.get_mut(&priority(pod))
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.priorities.remove(&priority(pod));
+            }
+        }
         for port in host_ports(pod) {
             if let Some(i) = self.ports.iter().position(|p| *p == port) {
                 self.ports.swap_remove(i);
@@ -641,5 +660,50 @@ mod volume_attachments {
         assert!(attachments.remove("b").is_some());
         assert!(on(&attachments, "n1").is_empty());
         assert_eq!(attachments.len(), 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, priority: Option<i32>) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"containers": [], "priority": priority, "nodeName": "n1"},
+        }))
+        .expect("a pod")
+    }
+
+    fn node() -> NodeInfo {
+        NodeInfo::new(
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "n1"}}))
+                .expect("a node"),
+        )
+    }
+
+    #[test]
+    fn lowest_priority_follows_the_pods_bound_and_removed() {
+        let mut n = node();
+        assert_eq!(n.lowest_priority(), None);
+        let (high, low_a, low_b) = (
+            pod("high", Some(5)),
+            pod("low-a", Some(-1)),
+            pod("low-b", Some(-1)),
+        );
+        n.add_pod(&high);
+        n.add_pod(&low_a);
+        n.add_pod(&low_b);
+        n.add_pod(&low_b); // counted once, as in pod_keys
+        assert_eq!(n.lowest_priority(), Some(-1));
+        n.remove_pod(&low_a);
+        assert_eq!(n.lowest_priority(), Some(-1));
+        n.remove_pod(&low_b);
+        assert_eq!(n.lowest_priority(), Some(5));
+        n.remove_pod(&low_b); // not here any more: nothing changes
+        n.remove_pod(&pod("never-bound", None));
+        assert_eq!(n.lowest_priority(), Some(5));
+        n.add_pod(&pod("unset", None));
+        assert_eq!(n.lowest_priority(), Some(0));
     }
 }
