@@ -280,7 +280,8 @@ pub fn insufficient(
     node: &NodeInfo,
 ) -> Result<(Vec<String>, bool), String> {
     let demand = Units::of(&pod_requests_with(pod, Some(statuses))?);
-    let allocatable = Units::of(&node.allocatable);
+    // Holds every name checked below (cpu, memory, ephemeral-storage, hugepages-*).
+    let allocatable = &node.allocatable_units;
     let used = &node.requested.units;
     let mut reasons = Vec::new();
     let mut unresolvable = false;
