@@ -14,6 +14,11 @@
 //! taken out ([`Unfit`]), so that nodes and pods with the same reasons share one; each pod
 //! reads it with its own claims' names ([`Renamed`]: written once per attempt).
 //!
+//! The answers for one claim shape are a [`Table`], an array by [`NodeInfo::slot`]: a
+//! pod's Filter reads it node after node, in the order the slots were given, instead of
+//! one hash lookup (and cache miss) a node. A slot a removed node gave back may hold its
+//! answer when a new node takes it; the Node object check turns that away.
+//!
 //! kube-scheduler searches every node again for every pod; the answers are the same.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -21,20 +26,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use crossbeam_utils::CachePadded;
 use smallvec::SmallVec;
 
-use dra_allocator::{Allocation, Quality, Snapshot};
+use dra_allocator::{Allocation, Snapshot};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use crate::framework::{Code, Status};
 use crate::state::NodeInfo;
 
-/// Shards of the map: Filter runs on several threads at once.
-const SHARDS: usize = 16;
-/// Past this many answers a shard starts over (bounded memory: two claim shapes on
-/// 50,000 nodes fit).
-const SHARD_LIMIT: usize = 1 << 14;
+/// Past this many answers in all tables the memo starts over (bounded memory: five claim
+/// shapes on 50,000 nodes fit).
+const ENTRY_LIMIT: usize = 1 << 18;
 /// Past this many distinct reasons the shared ones start over.
 const UNFIT_LIMIT: usize = 1 << 12;
 
@@ -55,11 +57,11 @@ enum Part {
     Text(String),
     Claim(usize),
 }
-/// What is kept for one node: the devices found, how good they are and how long the
-/// search for them took; or why none fit.
+/// What is kept for one node: the devices found (with how good they are) and how long
+/// the search for them took; or why none fit.
 #[derive(Clone)]
 pub(crate) enum Kept {
-    Found(Arc<Allocation>, Arc<Quality>, Duration),
+    Found(Arc<Allocation>, Duration),
     Unfit(Arc<Unfit>),
 }
 
@@ -67,6 +69,8 @@ pub(crate) enum Kept {
 type UnfitByReasons = foldhash::HashSet<Arc<Unfit>>;
 
 struct Entry {
+    /// The Node object it was found for ([`NodeInfo::object_version`]).
+    object_version: u64,
     /// The pools the node sees ([`Snapshot::node_pools`]) and their stamp when found;
     /// inline (a node sees a pool or two): one memory read less on every lookup.
     pools: SmallVec<[u32; 4]>,
@@ -74,21 +78,31 @@ struct Entry {
     kept: Kept,
 }
 
+/// A node's place in a [`Table`]: its lock is its own, so the threads that filter nodes
+/// at once do not wait for each other.
+#[derive(Default)]
+struct Slot {
+    entry: Option<Entry>,
+    /// Answers taken from this slot.
+    hits: u64,
+}
+
+/// The answers for one claim shape, by [`NodeInfo::slot`]: a pod's Filter reads them node
+/// after node, from one array (a hash map's entries, spread over memory, cost a cache
+/// miss each).
+pub(crate) struct Table {
+    slots: Box<[Mutex<Slot>]>,
+}
+
 /// The memo; one per engine (a fork starts with an empty one).
 #[derive(Default)]
 pub struct DeviceMemo {
     /// The snapshot the entries were found on; another one empties the memo.
     snapshot: AtomicU64,
-    shards: [CachePadded<Mutex<Shard>>; SHARDS],
+    tables: RwLock<foldhash::HashMap<u128, Arc<Table>>>,
+    /// Hits counted in tables since dropped.
+    dropped_hits: AtomicU64,
     unfit: Mutex<UnfitByReasons>,
-}
-
-/// A part of the memo, with its own lock (Filter runs on several threads at once).
-#[derive(Default)]
-struct Shard {
-    entries: foldhash::HashMap<(u128, u64), Entry>,
-    /// Answers taken from this shard.
-    hits: u64,
 }
 
 impl std::fmt::Debug for DeviceMemo {
@@ -121,64 +135,61 @@ pub(crate) fn shape_of(claims: &[&ResourceClaim]) -> u128 {
 }
 
 impl DeviceMemo {
-    /// Starts a pod's attempt on `snapshot`: answers found on another snapshot are dropped.
-    pub(crate) fn begin(&self, snapshot: &Snapshot) {
+    /// Starts a pod's attempt on `snapshot`: answers found on another snapshot are
+    /// dropped. Returns the table for claims of `shape` on a cluster whose node slots end
+    /// at `slots` ([`crate::state::NodeSlots::end`]).
+    pub(crate) fn begin(&self, snapshot: &Snapshot, shape: u128, slots: usize) -> Arc<Table> {
         if self.snapshot.swap(snapshot.id(), Ordering::Relaxed) != snapshot.id() {
-            for shard in &self.shards {
-                shard.lock().expect("not poisoned").entries.clear();
-            }
+            self.start_over(&mut self.tables.write().expect("not poisoned"));
             self.unfit.lock().expect("not poisoned").clear();
         }
+        if let Some(table) = self.tables.read().expect("not poisoned").get(&shape)
+            && table.slots.len() >= slots
+        {
+            return table.clone();
+        }
+        let mut tables = self.tables.write().expect("not poisoned");
+        let old = tables.remove(&shape);
+        let len = slots.max(old.as_ref().map_or(0, |t| t.slots.len()));
+        let in_all: usize = tables.values().map(|t| t.slots.len()).sum();
+        if in_all + len > ENTRY_LIMIT {
+            self.start_over(&mut tables);
+        }
+        let table = Arc::new(Table::grown_from(old.as_deref(), len));
+        tables.insert(shape, table.clone());
+        table
     }
 
-    fn shard(&self, key: (u128, u64)) -> &Mutex<Shard> {
-        &self.shards[(key.1 as usize) % SHARDS]
+    fn start_over(&self, tables: &mut foldhash::HashMap<u128, Arc<Table>>) {
+        let hits: u64 = tables.values().map(|t| t.hits()).sum();
+        self.dropped_hits.fetch_add(hits, Ordering::Relaxed);
+        tables.clear();
     }
 
-    /// The key: the claims' shape and the Node object (its version is unique in the
-    /// process, so it names the node too).
-    fn key(shape: u128, node: &NodeInfo) -> (u128, u64) {
-        (shape, node.object_version)
-    }
-
-    /// What was found for claims of `shape` on `node` with the same inputs, if anything.
-    pub(crate) fn get(&self, shape: u128, snapshot: &Snapshot, node: &NodeInfo) -> Option<Kept> {
-        let key = Self::key(shape, node);
-        let mut shard = self.shard(key).lock().expect("not poisoned");
-        let found = shard
-            .entries
-            .get(&key)
-            .filter(|e| e.stamp == snapshot.pools_stamp(&e.pools))
-            .map(|e| e.kept.clone());
-        shard.hits += u64::from(found.is_some());
-        found
-    }
-
-    /// Keep what was found for `claims` (of `shape`) on `node`.
+    /// Keep what was found for `claims` on `node`, in `table`.
     pub(crate) fn put(
         &self,
-        shape: u128,
+        table: &Table,
         claims: &[String],
         snapshot: &Snapshot,
         node: &NodeInfo,
-        answer: Result<(&Arc<Allocation>, &Arc<Quality>, Duration), &Status>,
+        answer: Result<(&Arc<Allocation>, Duration), &Status>,
     ) {
+        let Some(slot) = table.slots.get(node.slot as usize) else {
+            return;
+        };
         let kept = match answer {
-            Ok((a, q, took)) => Kept::Found(a.clone(), q.clone(), took),
+            Ok((a, took)) => Kept::Found(a.clone(), took),
             Err(status) => Kept::Unfit(self.unfit(claims, status)),
         };
-        let key = Self::key(shape, node);
         let pools: SmallVec<[u32; 4]> = snapshot.node_pools(node.name()).into_iter().collect();
         let entry = Entry {
+            object_version: node.object_version,
             stamp: snapshot.pools_stamp(&pools),
             pools,
             kept,
         };
-        let entries = &mut self.shard(key).lock().expect("not poisoned").entries;
-        if entries.len() >= SHARD_LIMIT && !entries.contains_key(&key) {
-            entries.clear();
-        }
-        entries.insert(key, entry);
+        slot.lock().expect("not poisoned").entry = Some(entry);
     }
 
     /// The one [`Unfit`] for these reasons, found for `claims`.
@@ -202,7 +213,54 @@ impl DeviceMemo {
 
     /// How many answers were taken from the memo (for tests and benches).
     pub fn hits(&self) -> u64 {
-        self.shards
+        let kept: u64 = self
+            .tables
+            .read()
+            .expect("not poisoned")
+            .values()
+            .map(|t| t.hits())
+            .sum();
+        kept + self.dropped_hits.load(Ordering::Relaxed)
+    }
+}
+
+impl Table {
+    /// A table of `len` slots with what `old` kept.
+    fn grown_from(old: Option<&Table>, len: usize) -> Table {
+        let mut slots: Vec<Mutex<Slot>> = Vec::with_capacity(len);
+        if let Some(old) = old {
+            slots.extend(
+                old.slots
+                    .iter()
+                    .map(|s| Mutex::new(std::mem::take(&mut *s.lock().expect("not poisoned")))),
+            );
+        }
+        slots.resize_with(len, Mutex::default);
+        Table {
+            slots: slots.into_boxed_slice(),
+        }
+    }
+
+    /// What was found for this table's claims on `node` with the same inputs, if anything.
+    pub(crate) fn get(&self, snapshot: &Snapshot, node: &NodeInfo) -> Option<Kept> {
+        let mut slot = self
+            .slots
+            .get(node.slot as usize)?
+            .lock()
+            .expect("not poisoned");
+        let found = slot
+            .entry
+            .as_ref()
+            .filter(|e| {
+                e.object_version == node.object_version && e.stamp == snapshot.pools_stamp(&e.pools)
+            })
+            .map(|e| e.kept.clone());
+        slot.hits += u64::from(found.is_some());
+        found
+    }
+
+    fn hits(&self) -> u64 {
+        self.slots
             .iter()
             .map(|s| s.lock().expect("not poisoned").hits)
             .sum()

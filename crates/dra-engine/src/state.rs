@@ -103,6 +103,11 @@ pub struct NodeInfo {
     /// Unique in the process for each Node object taken: a new one means the object
     /// changed (what was found for the old one may not hold).
     pub object_version: u64,
+    /// The node's place in dense per-node tables ([`crate::device_memo`]): small, unique
+    /// among the nodes of its [`ClusterState`], given in the order nodes are scanned.
+    /// [`NodeSlots::NONE`] until the state gives one. A hint only: what is kept by slot
+    /// is checked against `object_version`.
+    pub slot: u32,
 }
 
 impl NodeInfo {
@@ -136,6 +141,7 @@ impl NodeInfo {
                 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
                 NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             },
+            slot: NodeSlots::NONE,
         }
     }
 
@@ -229,6 +235,40 @@ pub struct ClusterState {
     pub namespaces: BTreeMap<String, Namespace>,
     pub volumes: Volumes,
     pub workloads: Workloads,
+    /// Which [`NodeInfo::slot`]s are taken.
+    pub node_slots: NodeSlots,
+}
+
+/// Gives each node of a [`ClusterState`] a small number of its own, and takes back those
+/// of removed nodes for the next ones, so per-node tables stay as long as the cluster.
+#[derive(Clone, Debug, Default)]
+pub struct NodeSlots {
+    /// One more than the highest slot ever given.
+    end: u32,
+    free: Vec<u32>,
+}
+
+impl NodeSlots {
+    /// No slot.
+    pub const NONE: u32 = u32::MAX;
+
+    /// How long a table indexed by slot must be.
+    pub fn end(&self) -> usize {
+        self.end as usize
+    }
+
+    fn take(&mut self) -> u32 {
+        self.free.pop().unwrap_or_else(|| {
+            self.end += 1;
+            self.end - 1
+        })
+    }
+
+    fn give_back(&mut self, slot: u32) {
+        if slot != Self::NONE {
+            self.free.push(slot);
+        }
+    }
 }
 
 /// The storage objects the volume plugins read, by name (claims by namespace/name).
@@ -425,6 +465,9 @@ impl ClusterState {
             },
             ..Default::default()
         };
+        for info in state.nodes.values_mut() {
+            info.slot = state.node_slots.take();
+        }
         for attachment in input.volume_attachments {
             state.volumes.volume_attachments.upsert(attachment);
         }
@@ -526,6 +569,7 @@ impl ClusterState {
             return;
         }
         let mut info = NodeInfo::new(node);
+        info.slot = self.node_slots.take();
         for pod in self.pods.values() {
             if bound_node(pod) == Some(name.as_str()) && !is_terminal(pod) {
                 info.add_pod(pod);
@@ -535,7 +579,9 @@ impl ClusterState {
     }
 
     pub fn remove_node(&mut self, name: &str) {
-        self.nodes.remove(name);
+        if let Some(info) = self.nodes.remove(name) {
+            self.node_slots.give_back(info.slot);
+        }
     }
 
     /// Add or replace a claim, unless the state already holds a newer version of it: a
@@ -680,6 +726,40 @@ mod tests {
             serde_json::from_value(serde_json::json!({"metadata": {"name": "n1"}}))
                 .expect("a node"),
         )
+    }
+
+    #[test]
+    fn each_node_has_its_own_slot_and_a_new_node_takes_a_removed_ones() {
+        let named = |name: &str| -> Node {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).expect("a node")
+        };
+        let mut state = ClusterState::new(ClusterInput {
+            nodes: vec![named("b"), named("a"), named("c")],
+            ..Default::default()
+        });
+        let slots = |s: &ClusterState| -> Vec<(String, u32)> {
+            s.nodes.iter().map(|(n, i)| (n.clone(), i.slot)).collect()
+        };
+        // In the order nodes are scanned (by name).
+        assert_eq!(
+            slots(&state),
+            [("a".into(), 0), ("b".into(), 1), ("c".into(), 2)]
+        );
+        assert_eq!(state.node_slots.end(), 3);
+        state.remove_node("b");
+        state.upsert_node(named("d"));
+        state.upsert_node(named("a"));
+        state.upsert_node(named("e"));
+        assert_eq!(
+            slots(&state),
+            [
+                ("a".into(), 0),
+                ("c".into(), 2),
+                ("d".into(), 1),
+                ("e".into(), 3)
+            ]
+        );
+        assert_eq!(state.node_slots.end(), 4);
     }
 
     #[test]

@@ -172,3 +172,34 @@ fn answers_match_a_fresh_engine_for_each_pod() {
         assumed.push(p);
     }
 }
+
+#[test]
+fn a_node_added_in_the_place_of_a_removed_one_is_searched_not_answered_for_it() {
+    // Only node b has GPUs. Node c, added after b is removed, takes b's place in the
+    // memo's table (its slot) but has no GPUs of its own: what was found on b is not c's.
+    let input = ClusterInput {
+        nodes: vec![node("a", "x"), node("b", "x")],
+        slices: vec![slice("b")],
+        classes: vec![class()],
+        pods: vec![pod("p1", "x")],
+        claims: vec![claim("p1-gpu")],
+        ..Default::default()
+    };
+    let mut engine = Engine::new(EngineConfig::default(), input);
+    let key = ObjectKey::new("ml", "p1");
+    let slot_of = |engine: &Engine, n: &str| engine.state().nodes[n].slot;
+    let Decision::Scheduled(first) = engine.schedule(&key) else {
+        panic!("p1 not placed")
+    };
+    assert_eq!(first.node, "b");
+    let b_slot = slot_of(&engine, "b");
+    engine.remove_node("b");
+    engine.upsert_node(node("c", "x"));
+    assert_eq!(slot_of(&engine, "c"), b_slot, "c reuses b's slot");
+    match engine.schedule(&key) {
+        Decision::Unschedulable { message, .. } => {
+            assert!(message.contains("0/2 nodes are available"), "{message}");
+        }
+        other => panic!("p1 placed on a node without GPUs: {other:?}"),
+    }
+}

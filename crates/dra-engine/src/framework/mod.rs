@@ -26,7 +26,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 
-use dra_allocator::{Features, Limits, Quality, Snapshot};
+use dra_allocator::{Allocation, Features, Limits, Quality, Snapshot};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
 
@@ -134,10 +134,10 @@ impl Cycle<'_> {
 pub struct Shared {
     /// Allocator search steps (requests and devices tried), all nodes.
     pub search_steps: AtomicU64,
-    /// How good the devices DynamicResources found on each node are, for the device scores,
-    /// by [`NodeInfo::object_version`]. Read by every device score on every feasible node,
-    /// at once: a read lock.
-    quality: ByNode<Arc<Quality>>,
+    /// The devices DynamicResources found on each node, for the device scores to read how
+    /// good they are ([`Allocation::quality`]), by [`NodeInfo::object_version`]. Read by
+    /// every device score on every feasible node, at once: a read lock.
+    quality: ByNode<Arc<Allocation>>,
     /// The new allocations of [`Cycle::revise`]'s claims on the chosen node (Reserve).
     pub revised: Mutex<Vec<(ObjectKey, AllocationResult)>>,
 }
@@ -151,13 +151,14 @@ impl Shared {
         }
     }
 
-    pub fn record_quality(&self, node: &NodeInfo, quality: Arc<Quality>) {
-        self.quality.insert(node, quality);
+    /// Keep `found` (the same `Arc` the memo and Reserve hold: no copy) for its quality.
+    pub fn record_quality(&self, node: &NodeInfo, found: Arc<Allocation>) {
+        self.quality.insert(node, found);
     }
 
     /// `read` of the quality of the devices found on `node`, if any, without a copy.
     pub fn read_quality<T>(&self, node: &NodeInfo, read: impl FnOnce(&Quality) -> T) -> Option<T> {
-        self.quality.read(node, |q| read(q))
+        self.quality.read(node, |a| read(&a.quality))
     }
 }
 

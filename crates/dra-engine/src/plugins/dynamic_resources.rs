@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use dra_allocator::{AllocError, Allocation, Allocator, Outcome, Quality};
+use dra_allocator::{AllocError, Allocation, Allocator, Outcome};
 use k8s_openapi::api::core::v1::{NodeAllocatableResourceClaimStatus, Pod};
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
 
@@ -61,7 +61,7 @@ struct NodeDevices {
     /// What the pod's devices map of the node's resources, per claim.
     node_allocatable: Vec<NodeAllocatableResourceClaimStatus>,
     /// How good the devices found are; Filter moves it to [`crate::framework::Shared`] for Score.
-    quality: Option<Arc<Quality>>,
+    quality: Option<Arc<Allocation>>,
     /// The claim for extended resources is part of the answer.
     ext_claim: bool,
     took: Duration,
@@ -84,9 +84,9 @@ struct DraCycle<'a> {
     maps_node_resources: bool,
     /// What Filter found per node ([`NodeInfo::object_version`]), for Score and Reserve.
     nodes: ByNode<NodeDevices>,
-    /// The claims' shape, when what is found on a node may be kept for later pods
-    /// ([`DeviceMemo`]): only this pod's own claims, no extended resources.
-    shape: Option<u128>,
+    /// The memo's answers for the claims' shape, when what is found on a node may be kept
+    /// for later pods ([`DeviceMemo`]): only this pod's own claims, no extended resources.
+    memo: Option<Arc<device_memo::Table>>,
     /// Kept reasons in the words of this pod's claims (of that shape).
     renamed: device_memo::Renamed,
 }
@@ -112,7 +112,7 @@ impl Plugin for DynamicResources {
             with_ext: None,
             maps_node_resources: false,
             nodes: ByNode::with_room_for(cycle.state.nodes.len()),
-            shape: None,
+            memo: None,
             renamed: device_memo::Renamed::default(),
         })
     }
@@ -172,8 +172,8 @@ impl<'a> PluginCycle for DraCycle<'a> {
                 && cx.revise.is_empty()
                 && self.ext.is_empty()
             {
-                memo.begin(cx.snapshot);
-                self.shape = Some(device_memo::shape_of(&plain));
+                let shape = device_memo::shape_of(&plain);
+                self.memo = Some(memo.begin(cx.snapshot, shape, cx.state.node_slots.end()));
                 self.renamed = device_memo::Renamed::new(
                     plain
                         .iter()
@@ -438,15 +438,15 @@ impl<'a> DraCycle<'a> {
     /// Allocate the pod's claims on the node, or say why not: the answer kept for the same
     /// claims on the same node in the same state, or a search.
     fn allocate(&self, node: &NodeInfo) -> Result<NodeDevices, Status> {
-        let (Some(shape), Some(memo)) = (self.shape, self.cycle.device_memo) else {
+        let (Some(table), Some(memo)) = (&self.memo, self.cycle.device_memo) else {
             return self.search(node);
         };
-        match memo.get(shape, self.cycle.snapshot, node) {
+        match table.get(self.cycle.snapshot, node) {
             // The time is the search's that found it: a remembered answer is read in a
             // fraction of a microsecond, less than reading the clock twice costs.
-            Some(Kept::Found(a, quality, took)) => {
+            Some(Kept::Found(a, took)) => {
                 return Ok(NodeDevices {
-                    quality: Some(quality),
+                    quality: Some(a.clone()),
                     found: Found::Plain(a),
                     node_allocatable: Vec::new(),
                     ext_claim: false,
@@ -462,17 +462,16 @@ impl<'a> DraCycle<'a> {
         match &searched {
             Ok(NodeDevices {
                 found: Found::Plain(a),
-                quality: Some(q),
                 took,
                 ..
-            }) => memo.put(shape, claims, snapshot, node, Ok((a, q, *took))),
+            }) => memo.put(table, claims, snapshot, node, Ok((a, *took))),
             Err(status)
                 if matches!(
                     status.code,
                     Code::Unschedulable | Code::UnschedulableAndUnresolvable
                 ) =>
             {
-                memo.put(shape, claims, snapshot, node, Err(status))
+                memo.put(table, claims, snapshot, node, Err(status))
             }
             _ => {}
         }
@@ -519,9 +518,10 @@ impl<'a> DraCycle<'a> {
                     .fetch_add(stats.steps, Ordering::Relaxed);
                 match outcome {
                     Outcome::Allocated(a) => {
-                        let quality = Some(Arc::new(a.quality.clone()));
+                        let a = Arc::new(a);
+                        let quality = Some(a.clone());
                         let found = match keep {
-                            Some(keep) => keep(Arc::new(a)),
+                            Some(keep) => keep(a),
                             None => Found::Built(
                                 allocator
                                     .results(&node.node, &a)
