@@ -259,41 +259,53 @@ impl<'a> Attempt<'a> {
             }
         }
         let scoring: Vec<&Slot<'a>> = self.slots.iter().filter(|s| !s.skip_score).collect();
-        // Every plugin's score of a node, node after node.
-        let scoring = &scoring;
-        let of_node = |node: &&'a NodeInfo| {
-            let node: &'a NodeInfo = node;
-            scoring.iter().map(move |slot| slot.cycle.score(node))
+        // Every plugin's score of a node, node after node, in one table (a row a node).
+        let width = scoring.len();
+        if width == 0 {
+            return Ok(scores);
+        }
+        let mut all = vec![0_i64; feasible.len() * width];
+        let failed = FirstError::default();
+        let score_row = |(n, (row, node)): (usize, (&mut [i64], &&'a NodeInfo))| {
+            for (at, (cell, slot)) in row.iter_mut().zip(&scoring).enumerate() {
+                match slot.cycle.score(node) {
+                    Ok(s) => *cell = s,
+                    Err(status) => failed.keep((at, n), status),
+                }
+            }
         };
-        let all: Vec<Result<i64, Status>> = if feasible.len() < SCORE_ALONE {
-            feasible.iter().flat_map(of_node).collect()
+        if feasible.len() < SCORE_ALONE {
+            all.chunks_mut(width)
+                .zip(feasible)
+                .enumerate()
+                .for_each(score_row);
         } else {
-            feasible
-                .par_iter()
+            all.par_chunks_mut(width)
+                .zip(feasible.par_iter())
+                .enumerate()
                 .with_min_len(SCORE_BATCH)
-                .flat_map_iter(of_node)
-                .collect()
-        };
+                .for_each(score_row);
+        }
+        let mut failed = failed.into_inner();
         for (at, slot) in scoring.iter().enumerate() {
             let name = plugin_name(slot);
-            let mut raw = all
-                .iter()
-                .skip(at)
-                .step_by(scoring.len())
-                .cloned()
-                .collect::<Result<Vec<i64>, Status>>()
-                .map_err(|s| s.with_plugin(name))?;
+            if let Some(((_, _), status)) = failed.take_if(|((plugin, _), _)| *plugin == at) {
+                return Err(status.with_plugin(name));
+            }
+            let mut raw: Vec<i64> = all.iter().skip(at).step_by(width).copied().collect();
             slot.cycle.normalize_score(&mut raw);
             if let Some(bad) = raw.iter().find(|s| !(0..=MAX_NODE_SCORE).contains(*s)) {
                 return Err(Status::error(format!(
                     "plugin {name} gave a score of {bad}, outside 0..={MAX_NODE_SCORE}"
                 )));
             }
-            let weighted: Vec<i64> = raw.iter().map(|s| s * slot.entry.weight).collect();
-            for (total, s) in scores.totals.iter_mut().zip(&weighted) {
+            for s in &mut raw {
+                *s *= slot.entry.weight;
+            }
+            for (total, s) in scores.totals.iter_mut().zip(&raw) {
                 *total += s;
             }
-            scores.per_plugin.insert(slot.entry.name.clone(), weighted);
+            scores.per_plugin.insert(slot.entry.name.clone(), raw);
         }
         Ok(scores)
     }
@@ -307,6 +319,25 @@ impl<'a> Attempt<'a> {
             }
         }
         Ok(())
+    }
+}
+
+/// The score error of the first plugin (in profile order) that gave one, on the first
+/// node (in feasible order) it gave one for, from threads that score nodes at once.
+#[derive(Default)]
+struct FirstError(std::sync::Mutex<Option<((usize, usize), Status)>>);
+
+impl FirstError {
+    /// `status` from plugin and node `at`.
+    fn keep(&self, at: (usize, usize), status: Status) {
+        let mut first = self.0.lock().expect("not poisoned");
+        if first.as_ref().is_none_or(|(kept, _)| at < *kept) {
+            *first = Some((at, status));
+        }
+    }
+
+    fn into_inner(self) -> Option<((usize, usize), Status)> {
+        self.0.into_inner().expect("not poisoned")
     }
 }
 
@@ -332,4 +363,20 @@ pub fn fit_error(total: usize, outcomes: &[NodeOutcome<'_>]) -> String {
         return "0/0 nodes are available: no nodes in the cluster.".into();
     }
     format!("0/{total} nodes are available: {}.", lines.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{FirstError, Status};
+
+    #[test]
+    fn the_error_kept_is_the_first_plugins_on_its_first_node_whatever_order_they_came_in() {
+        let failed = FirstError::default();
+        for (plugin, node) in [(1, 5), (2, 0), (0, 7), (0, 3), (1, 0), (0, 4)] {
+            failed.keep((plugin, node), Status::error(format!("{plugin} on {node}")));
+        }
+        let ((plugin, node), status) = failed.into_inner().expect("an error kept");
+        assert_eq!((plugin, node), (0, 3));
+        assert_eq!(status.reasons.iter().collect::<Vec<_>>(), ["0 on 3"]);
+    }
 }
