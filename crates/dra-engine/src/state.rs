@@ -237,6 +237,53 @@ pub struct ClusterState {
     pub workloads: Workloads,
     /// Which [`NodeInfo::slot`]s are taken.
     pub node_slots: NodeSlots,
+    /// The nodes with a bound pod that has pod affinity or anti-affinity (non-empty
+    /// [`NodeInfo::pods_with_affinity`]), by name: InterPodAffinity reads these on every
+    /// attempt instead of every node.
+    pub nodes_with_affinity_pods: BTreeSet<String>,
+    /// On how many nodes each image is (ImageLocality's spread), kept as nodes come and go.
+    pub image_spread: ImageSpread,
+}
+
+/// On how many nodes each image name is (`status.images[].names`), as kube-scheduler's
+/// snapshot keeps it: ImageLocality reads it per pod instead of every node's images.
+#[derive(Clone, Debug, Default)]
+pub struct ImageSpread(HashMap<String, usize>);
+
+impl ImageSpread {
+    /// How many nodes have an image named `name`.
+    pub fn nodes_with(&self, name: &str) -> usize {
+        self.0.get(name).copied().unwrap_or(0)
+    }
+
+    fn add(&mut self, node: &Node) {
+        for name in image_names(node) {
+            *self.0.entry(name.to_string()).or_default() += 1;
+        }
+    }
+
+    fn remove(&mut self, node: &Node) {
+        for name in image_names(node) {
+            if let Some(n) = self.0.get_mut(name) {
+                *n -= 1;
+                if *n == 0 {
+                    self.0.remove(name);
+                }
+            }
+        }
+    }
+}
+
+/// Each name of the node's images, once.
+fn image_names(node: &Node) -> BTreeSet<&str> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.images.as_ref())
+        .into_iter()
+        .flatten()
+        .flat_map(|image| image.names.iter().flatten())
+        .map(String::as_str)
+        .collect()
 }
 
 /// Gives each node of a [`ClusterState`] a small number of its own, and takes back those
@@ -467,6 +514,7 @@ impl ClusterState {
         };
         for info in state.nodes.values_mut() {
             info.slot = state.node_slots.take();
+            state.image_spread.add(&info.node);
         }
         for attachment in input.volume_attachments {
             state.volumes.volume_attachments.upsert(attachment);
@@ -503,6 +551,7 @@ impl ClusterState {
             && let Some(info) = self.nodes.get_mut(&node)
         {
             info.add_pod(&pod);
+            note_affinity_pods(&mut self.nodes_with_affinity_pods, info);
         }
         self.pods.insert(key, pod);
     }
@@ -519,7 +568,17 @@ impl ClusterState {
             && let Some(info) = self.nodes.get_mut(node)
         {
             info.remove_pod(pod);
+            note_affinity_pods(&mut self.nodes_with_affinity_pods, info);
         }
+    }
+}
+
+/// Keep `nodes` (the names of nodes with pods with affinity) right for `info`.
+fn note_affinity_pods(nodes: &mut BTreeSet<String>, info: &NodeInfo) {
+    if info.pods_with_affinity.is_empty() {
+        nodes.remove(info.name());
+    } else if !nodes.contains(info.name()) {
+        nodes.insert(info.name().to_string());
     }
 }
 
@@ -560,6 +619,8 @@ impl ClusterState {
         let name = name_of(&node.metadata).to_string();
         if let Some(info) = self.nodes.get_mut(&name) {
             let fresh = NodeInfo::new(node);
+            self.image_spread.remove(&info.node);
+            self.image_spread.add(&fresh.node);
             info.node = fresh.node;
             info.allocatable = fresh.allocatable;
             info.allocatable_units = fresh.allocatable_units;
@@ -570,17 +631,21 @@ impl ClusterState {
         }
         let mut info = NodeInfo::new(node);
         info.slot = self.node_slots.take();
+        self.image_spread.add(&info.node);
         for pod in self.pods.values() {
             if bound_node(pod) == Some(name.as_str()) && !is_terminal(pod) {
                 info.add_pod(pod);
             }
         }
+        note_affinity_pods(&mut self.nodes_with_affinity_pods, &info);
         self.nodes.insert(name, info);
     }
 
     pub fn remove_node(&mut self, name: &str) {
         if let Some(info) = self.nodes.remove(name) {
             self.node_slots.give_back(info.slot);
+            self.image_spread.remove(&info.node);
+            self.nodes_with_affinity_pods.remove(name);
         }
     }
 
@@ -726,6 +791,89 @@ mod tests {
             serde_json::from_value(serde_json::json!({"metadata": {"name": "n1"}}))
                 .expect("a node"),
         )
+    }
+
+    /// A node with images, each a list of names.
+    fn with_images(name: &str, images: &[&[&str]]) -> Node {
+        let images: Vec<_> = images
+            .iter()
+            .map(|names| serde_json::json!({"names": names, "sizeBytes": 100}))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name}, "status": {"images": images}}))
+        .expect("a node")
+    }
+
+    #[test]
+    fn image_spread_counts_each_node_once_as_nodes_change_and_go() {
+        let mut state = ClusterState::new(ClusterInput {
+            nodes: vec![
+                with_images("a", &[&["x:1", "docker.io/x:1"], &["x:1"]]),
+                with_images("b", &[&["x:1"], &["y:2"]]),
+            ],
+            ..Default::default()
+        });
+        let spread = |s: &ClusterState, image| s.image_spread.nodes_with(image);
+        assert_eq!(spread(&state, "x:1"), 2, "listed twice on a, counted once");
+        assert_eq!(spread(&state, "docker.io/x:1"), 1);
+        assert_eq!(spread(&state, "y:2"), 1);
+        // b's images change: y:2 goes, z:3 comes.
+        state.upsert_node(with_images("b", &[&["x:1"], &["z:3"]]));
+        assert_eq!(
+            (
+                spread(&state, "x:1"),
+                spread(&state, "y:2"),
+                spread(&state, "z:3")
+            ),
+            (2, 0, 1)
+        );
+        state.remove_node("a");
+        state.upsert_node(with_images("c", &[&["z:3"]]));
+        assert_eq!(
+            (
+                spread(&state, "x:1"),
+                spread(&state, "docker.io/x:1"),
+                spread(&state, "z:3")
+            ),
+            (1, 0, 2)
+        );
+    }
+
+    #[test]
+    fn the_nodes_with_affinity_pods_follow_the_pods_bound_and_the_nodes_removed() {
+        let on = |name: &str, node: &str, affinity: bool| -> Pod {
+            let affinity = affinity.then(|| {
+                serde_json::json!({"podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"topologyKey": "kubernetes.io/hostname",
+                     "labelSelector": {"matchLabels": {"app": "x"}}}]}})
+            });
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"containers": [], "nodeName": node, "affinity": affinity}}))
+            .expect("a pod")
+        };
+        let mut state = ClusterState::new(ClusterInput {
+            nodes: vec![with_images("n1", &[]), with_images("n2", &[])],
+            pods: vec![on("plain", "n1", false), on("anti-1", "n2", true)],
+            ..Default::default()
+        });
+        let names = |s: &ClusterState| {
+            s.nodes_with_affinity_pods
+                .iter()
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&state), ["n2"]);
+        state.upsert_pod(on("anti-2", "n1", true));
+        assert_eq!(names(&state), ["n1", "n2"]);
+        state.remove_pod(&ObjectKey::new("default", "anti-2"));
+        assert_eq!(names(&state), ["n2"]);
+        state.remove_node("n2");
+        assert_eq!(names(&state), Vec::<String>::new());
+        // Its pod is still known: the node coming back brings it back.
+        state.upsert_node(with_images("n2", &[]));
+        assert_eq!(names(&state), ["n2"]);
     }
 
     #[test]

@@ -97,19 +97,10 @@ impl Plugin for ImageLocality {
 }
 
 impl PluginCycle for ImageCycle<'_> {
-    /// Count, over all nodes, where each of the pod's images is.
+    /// On how many nodes of the cluster each of the pod's images is (kept by the state).
     fn pre_score(&mut self, _feasible: &[&NodeInfo]) -> Status {
         for image in &self.images {
-            if self.spread.contains_key(image) {
-                continue;
-            }
-            let nodes = self
-                .cycle
-                .state
-                .nodes
-                .values()
-                .filter(|node| image_size(node, image).is_some())
-                .count();
+            let nodes = self.cycle.state.image_spread.nodes_with(image);
             self.spread.insert(image.clone(), nodes);
         }
         Status::success()

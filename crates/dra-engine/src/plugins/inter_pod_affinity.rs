@@ -391,11 +391,11 @@ impl<'a> AffinityCycle<'a> {
     fn existing(&mut self) -> &[Existing<'a>] {
         let state = self.cycle.state;
         self.existing.get_or_insert_with(|| {
-            // Usually none: only the nodes with such pods go to the pool.
+            // Usually none: only the nodes with such pods, in name order, go to the pool.
             let nodes: Vec<&NodeInfo> = state
-                .nodes
-                .values()
-                .filter(|n| !n.pods_with_affinity.is_empty())
+                .nodes_with_affinity_pods
+                .iter()
+                .filter_map(|name| state.nodes.get(name))
                 .collect();
             nodes
                 .par_iter()
