@@ -8,8 +8,6 @@
 //! except that a name without a tag gets `:latest` (upstream no longer adds the
 //! `docker.io/library/` prefix; kubelets report both forms in `names`).
 
-use std::collections::HashMap;
-
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::framework::{Cycle, MAX_NODE_SCORE, Plugin, PluginCycle, Point, Status};
@@ -74,8 +72,8 @@ fn image_size(node: &NodeInfo, name: &str) -> Option<i64> {
 struct ImageCycle<'a> {
     cycle: &'a Cycle<'a>,
     images: Vec<String>,
-    /// For each image of the pod, on how many nodes of the cluster it is.
-    spread: HashMap<String, usize>,
+    /// For each image of the pod (in `images` order), on how many nodes of the cluster it is.
+    spread: Vec<usize>,
 }
 
 impl Plugin for ImageLocality {
@@ -91,7 +89,7 @@ impl Plugin for ImageLocality {
         Box::new(ImageCycle {
             cycle,
             images: pod_images(cycle.pod),
-            spread: HashMap::new(),
+            spread: Vec::new(),
         })
     }
 }
@@ -99,10 +97,8 @@ impl Plugin for ImageLocality {
 impl PluginCycle for ImageCycle<'_> {
     /// On how many nodes of the cluster each of the pod's images is (kept by the state).
     fn pre_score(&mut self, _feasible: &[&NodeInfo]) -> Status {
-        for image in &self.images {
-            let nodes = self.cycle.state.image_spread.nodes_with(image);
-            self.spread.insert(image.clone(), nodes);
-        }
+        let spread = &self.cycle.state.image_spread;
+        self.spread = self.images.iter().map(|i| spread.nodes_with(i)).collect();
         Status::success()
     }
 
@@ -111,9 +107,9 @@ impl PluginCycle for ImageCycle<'_> {
         let sum: i64 = self
             .images
             .iter()
-            .filter_map(|image| {
+            .zip(&self.spread)
+            .filter_map(|(image, &having)| {
                 let size = image_size(node, image)?;
-                let having = self.spread.get(image).copied().unwrap_or(1);
                 Some((size as f64 * (having as f64 / total as f64)) as i64)
             })
             .sum();
