@@ -477,9 +477,10 @@ async fn prebind<'a>(
     }
     for decision in &placement.claims {
         written.claims.push(decision);
-        written
-            .stored
-            .push(write_claim(client, metrics, placement, decision).await?);
+        let mut stored = write_claim(client, metrics, placement, decision).await?;
+        // The engine keeps it; like the informers' objects, without managedFields.
+        super::drop_managed_fields(&mut stored);
+        written.stored.push(stored);
     }
     // kubelet learns from the pod's status which claim serves its extended resources and
     // which request serves each container; written before binding, as kube-scheduler does.

@@ -3,13 +3,16 @@
 //! allocated to (and whom that claim is reserved for) and its taints; per shared counter
 //! set of a partitionable device, what its allocated devices leave. [`Inventory::of`]
 //! reads it from the [`ClusterState`]; `kubectl dra nodes` and `claims` print it, and the
-//! daemon exports its counts as the gauge `devices{node,class,state}`.
+//! daemon exports its counts as the gauge `devices{node,class,state}`. What it reads is a
+//! [`Sources`]: the DRA objects and, per allocated device, its claim, not the claims
+//! themselves, so the daemon can count on another thread without copying every claim.
 //!
 //! A device counts in every class it matches (a MIG device and the whole GPU are
 //! different classes; a device can be in two). A class whose selector fails on a device
 //! does not match it; the error is kept in [`Inventory::errors`], naming class and device.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use dra_cel::{DeviceRef, Environment, Quantity};
 use k8s_openapi::api::resource::v1::{Device, DeviceClass, DeviceTaintRule, ResourceSlice};
@@ -88,7 +91,30 @@ pub struct Inventory {
 }
 
 /// Who allocated each device: `driver/pool/device` -> (claim, reserved for).
-fn allocations(state: &ClusterState) -> BTreeMap<String, (ObjectKey, Vec<String>)> {
+type Allocated = BTreeMap<String, (ObjectKey, Vec<String>)>;
+
+/// What an [`Inventory`] is made from: the classes, slices (shared with the state, not
+/// copied) and taint rules, and who holds each allocated device.
+#[derive(Clone, Debug, Default)]
+pub struct Sources {
+    classes: Vec<DeviceClass>,
+    slices: Vec<Arc<ResourceSlice>>,
+    taint_rules: Vec<DeviceTaintRule>,
+    allocated: Allocated,
+}
+
+impl Sources {
+    pub fn of(state: &ClusterState) -> Sources {
+        Sources {
+            classes: state.classes.clone(),
+            slices: state.slices.clone(),
+            taint_rules: state.taint_rules.clone(),
+            allocated: allocations(state),
+        }
+    }
+}
+
+fn allocations(state: &ClusterState) -> Allocated {
     let mut out = BTreeMap::new();
     for (key, claim) in &state.claims {
         let Some(allocation) = claims::allocation(claim) else {
@@ -189,15 +215,19 @@ fn numa_of(device: &Device) -> Option<i64> {
 
 impl Inventory {
     pub fn of(state: &ClusterState) -> Inventory {
+        Inventory::from_sources(&Sources::of(state))
+    }
+
+    pub fn from_sources(sources: &Sources) -> Inventory {
         let env = Environment::default();
-        let allocated = allocations(state);
+        let allocated = &sources.allocated;
         let mut inventory = Inventory::default();
-        for slice in &state.slices {
+        for slice in &sources.slices {
             let spec = &slice.spec;
             for device in spec.devices.iter().flatten() {
                 let classes = classes_of(
                     &env,
-                    &state.classes,
+                    &sources.classes,
                     &spec.driver,
                     device,
                     &mut inventory.errors,
@@ -217,7 +247,7 @@ impl Inventory {
                     classes,
                     claim,
                     reserved_for,
-                    taints: taints(slice, device, &state.taint_rules),
+                    taints: taints(slice, device, &sources.taint_rules),
                     partition: device
                         .consumes_counters
                         .as_ref()
@@ -225,7 +255,7 @@ impl Inventory {
                 });
             }
         }
-        inventory.counters = counters_left(state, &allocated);
+        inventory.counters = counters_left(&sources.slices, allocated);
         inventory
             .devices
             .sort_by(|a, b| (&a.node, a.id()).cmp(&(&b.node, b.id())));
@@ -260,13 +290,10 @@ impl Inventory {
 }
 
 /// Per pool's shared counter, the total less what allocated devices consume.
-fn counters_left(
-    state: &ClusterState,
-    allocated: &BTreeMap<String, (ObjectKey, Vec<String>)>,
-) -> Vec<CounterLeft> {
+fn counters_left(slices: &[Arc<ResourceSlice>], allocated: &Allocated) -> Vec<CounterLeft> {
     // (driver, pool, set, counter) -> consumed
     let mut used: BTreeMap<(String, String, String, String), Quantity> = BTreeMap::new();
-    for slice in &state.slices {
+    for slice in slices {
         let spec = &slice.spec;
         for device in spec.devices.iter().flatten() {
             let id = format!("{}/{}/{}", spec.driver, spec.pool.name, device.name);
@@ -289,7 +316,7 @@ fn counters_left(
         }
     }
     let mut out = Vec::new();
-    for slice in &state.slices {
+    for slice in slices {
         let spec = &slice.spec;
         for set in spec.shared_counters.iter().flatten() {
             for (counter, value) in &set.counters {
