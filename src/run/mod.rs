@@ -100,7 +100,7 @@ enum Change {
 
 /// Forgets which field manager wrote which fields: nothing here reads them, and every
 /// stored pod and claim carried them as JSON trees (kube-scheduler's pod informer drops
-/// them too). In benches/e2e's template run they were 106 of 356 MiB peak RSS.
+/// them too). Dropping them took benches/e2e's template run from 356 to 250 MiB peak RSS.
 pub(crate) fn drop_managed_fields<K: kube::Resource>(object: &mut K) {
     object.meta_mut().managed_fields = None;
 }
