@@ -15,6 +15,7 @@ pub mod apis;
 pub mod binder;
 pub mod config;
 mod degraded;
+mod events;
 mod groups;
 mod handoff;
 pub mod health;
@@ -43,12 +44,13 @@ use k8s_openapi::api::core::v1::{Namespace, Node, ObjectReference, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event as KubeEvent, EventType, Reporter};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::{Semaphore, mpsc, watch as signal};
 
 use self::config::Config;
+use self::events::Recorder;
 use self::groups::{PodGroups, Work};
 use self::health::{Health, LONG_LANES, Lane};
 use self::leader::{Candidate, Fence};
@@ -105,21 +107,71 @@ pub(crate) fn drop_managed_fields<K: kube::Resource>(object: &mut K) {
     object.meta_mut().managed_fields = None;
 }
 
-fn watch<K, F>(client: &Client, kind: &'static str, wrap: F) -> BoxStream<'static, Change>
-where
+/// Forgets what no scheduling plugin reads of a pod: its managedFields, and the volumes
+/// whose sources only the kubelet reads (projected, configMap, secret, downwardAPI; every
+/// pod's service-account token is such a volume). The plugins that read volumes
+/// (VolumeBinding, VolumeRestrictions, VolumeZone, NodeVolumeLimits, ImageLocality's
+/// image volumes) read other kinds. `Volume` holds every kind of source inline: in
+/// benches/e2e's template run each pod's token volume held about 3 KB of the heap.
+pub(crate) fn trim_pod(pod: &mut Pod) {
+    drop_managed_fields(pod);
+    let Some(volumes) = pod.spec.as_mut().and_then(|s| s.volumes.as_mut()) else {
+        return;
+    };
+    volumes.retain(|v| {
+        v.projected.is_none()
+            && v.config_map.is_none()
+            && v.secret.is_none()
+            && v.downward_api.is_none()
+    });
+    volumes.shrink_to_fit();
+}
+
+/// What a watched kind is.
+trait Watched:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + 'static
+{
+}
+
+impl<K> Watched for K where
     K: kube::Resource<DynamicType = ()>
         + Clone
         + serde::de::DeserializeOwned
         + std::fmt::Debug
         + Send
-        + 'static,
+        + 'static
+{
+}
+
+fn watch<K, F>(client: &Client, kind: &'static str, wrap: F) -> BoxStream<'static, Change>
+where
+    K: Watched,
+    F: Fn(Event<K>) -> Change + Send + 'static,
+{
+    watch_trimmed(client, kind, wrap, drop_managed_fields)
+}
+
+/// The watch of one kind, each object trimmed by `trim` before it is applied.
+fn watch_trimmed<K, F>(
+    client: &Client,
+    kind: &'static str,
+    wrap: F,
+    trim: fn(&mut K),
+) -> BoxStream<'static, Change>
+where
+    K: Watched,
     F: Fn(Event<K>) -> Change + Send + 'static,
 {
     let api: Api<K> = Api::all(client.clone());
     watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .map(move |r| match r {
-            Ok(e) => wrap(e.modify(drop_managed_fields)),
+            Ok(e) => wrap(e.modify(trim)),
             Err(e) => Change::WatchError(kind, e.to_string()),
         })
         .boxed()
@@ -171,7 +223,7 @@ fn watch_all(client: &Client, served: &apis::ServedApis) -> SelectAll<BoxStream<
         [
             watch(client, "Namespace", Change::Namespace),
             watch(client, "Node", Change::Node),
-            watch(client, "Pod", Change::Pod),
+            watch_trimmed(client, "Pod", Change::Pod, trim_pod),
             watch(client, "ResourceClaim", Change::Claim),
             watch(client, "DeviceClass", Change::Class),
             watch(client, "ResourceSlice", Change::Slice),
@@ -2291,6 +2343,40 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trimmed_pod_keeps_the_volumes_scheduling_reads_and_forgets_the_kubelets() {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "trainer", "namespace": "team-a",
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+            "spec": {"containers": [{"name": "c", "image": "trainer:1"}], "volumes": [
+                {"name": "kube-api-access-x", "projected": {"sources": [
+                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                    {"configMap": {"name": "kube-root-ca.crt"}},
+                    {"downwardAPI": {"items": [{"path": "namespace",
+                        "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}},
+                {"name": "settings", "configMap": {"name": "settings"}},
+                {"name": "keys", "secret": {"secretName": "keys"}},
+                {"name": "labels", "downwardAPI": {"items": []}},
+                {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+                {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}},
+                {"name": "disk", "csi": {"driver": "disk.csi.example.com"}},
+                {"name": "model", "image": {"reference": "models/llama:1"}},
+                {"name": "tmp", "emptyDir": {}}]}
+        }))
+        .unwrap();
+        trim_pod(&mut pod);
+        assert_eq!(pod.metadata.managed_fields, None);
+        let spec = pod.spec.unwrap();
+        let kept: Vec<&str> = spec
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(kept, ["data", "scratch", "disk", "model", "tmp"]);
+        assert_eq!(spec.containers[0].image.as_deref(), Some("trainer:1"));
+    }
 
     #[test]
     fn a_placements_line_names_its_claims_and_every_device_they_hold() {

@@ -21,11 +21,12 @@ use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, Patch, PatchParams};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
+use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::runtime::watcher::Event;
 use kube::{Api, Client};
 
 use super::Informers;
+use super::events::Recorder;
 use super::metrics::Metrics;
 
 /// The kind watched here.
