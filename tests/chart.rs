@@ -187,7 +187,7 @@ fn lint_and_render() {
             "v": 0,
             "metricsBindAddress": "0.0.0.0:10261",
             "percentageOfNodesToScore": 0,
-            "maxConcurrentBinds": 16,
+            "maxConcurrentBinds": 32,
             "clientQPS": 100,
             "clientBurst": 200,
             "filterTimeoutSeconds": 10,
