@@ -75,6 +75,29 @@ const INVENTORY_EVERY: Duration = Duration::from_secs(15);
 /// How long a pod may wait for a claim that does not exist before the user is told.
 const GATED_REPORT_AFTER: Duration = Duration::from_secs(10);
 
+/// The same when every claim of the pod is made from a template (see [`report_after`]).
+const TEMPLATE_CLAIMS_REPORT_AFTER: Duration = Duration::from_secs(60);
+
+/// How long a pod may wait for its claims before the user is told. A claim the pod names
+/// is the user's to create: 10 s. Claims made from templates are kube-controller-manager's
+/// to create, and a burst of pods is a backlog there that clears by itself: in benches/e2e's
+/// template burst 963 of 2,500 pods waited more than 10 s, and telling each (an event and a
+/// status patch) took 11% more writes while the API server was the limit. A controller
+/// that makes no claims at all (DRA off there) is still told, after 60 s.
+fn report_after(pod: Option<&Pod>) -> Duration {
+    let claims = pod
+        .and_then(|p| p.spec.as_ref())
+        .and_then(|s| s.resource_claims.as_deref())
+        .unwrap_or_default();
+    let from_templates =
+        |c: &k8s_openapi::api::core::v1::PodResourceClaim| c.resource_claim_template_name.is_some();
+    if !claims.is_empty() && claims.iter().all(from_templates) {
+        TEMPLATE_CLAIMS_REPORT_AFTER
+    } else {
+        GATED_REPORT_AFTER
+    }
+}
+
 /// A change from one of the informers.
 // Each change is applied as soon as it arrives; boxing the large variants buys nothing.
 #[allow(clippy::large_enum_variant)]
@@ -1077,7 +1100,12 @@ impl Daemon {
         self.start_inventory(now);
         // A claim that has not appeared for a while is worth telling the user about.
         if let Some(engine) = self.engine.as_ref() {
-            for pod in self.queue.overdue_gated(now, GATED_REPORT_AFTER) {
+            let (state, group_waits) = (engine.state(), &self.group_waits);
+            let after = |pod: &ObjectKey| match group_waits.contains_key(pod) {
+                true => GATED_REPORT_AFTER,
+                false => report_after(state.pods.get(pod)),
+            };
+            for pod in self.queue.overdue_gated(now, after) {
                 let waits = self.group_waits.get(&pod).cloned();
                 if let Some(message) = engine.claims_missing(&pod).or(waits) {
                     let uid = engine
@@ -2345,6 +2373,31 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pod_waiting_for_claims_from_templates_is_told_later_than_one_naming_its_claim() {
+        let pod = |claims: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "default"},
+                "spec": {"containers": [], "resourceClaims": claims}}))
+            .unwrap()
+        };
+        let templates = pod(serde_json::json!([
+            {"name": "gpu", "resourceClaimTemplateName": "one-gpu"},
+            {"name": "nic", "resourceClaimTemplateName": "one-nic"}]));
+        let named = pod(serde_json::json!([{"name": "gpu", "resourceClaimName": "shared-gpu"}]));
+        let both = pod(serde_json::json!([
+            {"name": "gpu", "resourceClaimTemplateName": "one-gpu"},
+            {"name": "data", "resourceClaimName": "dataset"}]));
+        assert_eq!(report_after(Some(&templates)), Duration::from_secs(60));
+        assert_eq!(report_after(Some(&named)), Duration::from_secs(10));
+        assert_eq!(report_after(Some(&both)), Duration::from_secs(10));
+        assert_eq!(
+            report_after(Some(&pod(serde_json::json!([])))),
+            Duration::from_secs(10)
+        );
+        assert_eq!(report_after(None), Duration::from_secs(10));
+    }
 
     #[test]
     fn a_trimmed_pod_keeps_the_volumes_scheduling_reads_and_forgets_the_kubelets() {

@@ -181,13 +181,17 @@ impl SchedulingQueue {
     }
 
     /// Pods gated for at least `after` and not yet reported; they are marked reported.
-    pub fn overdue_gated(&mut self, now: Instant, after: Duration) -> Vec<ObjectKey> {
+    pub fn overdue_gated(
+        &mut self,
+        now: Instant,
+        after: impl Fn(&ObjectKey) -> Duration,
+    ) -> Vec<ObjectKey> {
         let mut due = Vec::new();
         for (key, e) in self.pods.iter_mut() {
             if e.place == Place::Gated
                 && !e.gate_told
                 && e.gated_since
-                    .is_some_and(|since| now.saturating_duration_since(since) >= after)
+                    .is_some_and(|since| now.saturating_duration_since(since) >= after(key))
             {
                 e.gate_told = true;
                 due.push(key.clone());
@@ -377,16 +381,16 @@ mod tests {
         assert_eq!(q.pop(), Some(key("a")));
         q.gate(&key("a"), t0 + Duration::from_secs(5)); // still missing
         assert!(
-            q.overdue_gated(t0 + Duration::from_secs(9), Duration::from_secs(10))
+            q.overdue_gated(t0 + Duration::from_secs(9), |_| Duration::from_secs(10))
                 .is_empty()
         );
         assert_eq!(
-            q.overdue_gated(t0 + Duration::from_secs(10), Duration::from_secs(10)),
+            q.overdue_gated(t0 + Duration::from_secs(10), |_| Duration::from_secs(10)),
             [key("a")],
             "counted from when it first waited"
         );
         assert!(
-            q.overdue_gated(t0 + Duration::from_secs(60), Duration::from_secs(10))
+            q.overdue_gated(t0 + Duration::from_secs(60), |_| Duration::from_secs(10))
                 .is_empty(),
             "reported once"
         );
