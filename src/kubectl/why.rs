@@ -251,7 +251,7 @@ pub fn explain(
     let inventory = Inventory::of(engine.state());
     let to_allocate: Vec<&ResourceClaim> = claims
         .iter()
-        .map(|k| &engine.state().claims[k])
+        .map(|k| &*engine.state().claims[k])
         .filter(|c| dra_engine::claims::allocation(c).is_none())
         .collect();
     let requests: Vec<RequestDevices> = to_allocate

@@ -137,7 +137,7 @@ impl PodGroups {
         engine: &Engine,
         pod: &ObjectKey,
     ) -> Option<Result<&PodGroup, String>> {
-        let name = engine.state().pods.get(pod).and_then(pod_group_name)?;
+        let name = engine.state().pod(pod).and_then(pod_group_name)?;
         let key = ObjectKey::new(pod.namespace.clone(), name);
         Some(
             self.groups

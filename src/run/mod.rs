@@ -1103,7 +1103,7 @@ impl Daemon {
             let (state, group_waits) = (engine.state(), &self.group_waits);
             let after = |pod: &ObjectKey| match group_waits.contains_key(pod) {
                 true => GATED_REPORT_AFTER,
-                false => report_after(state.pods.get(pod)),
+                false => report_after(state.pod(pod)),
             };
             for pod in self.queue.overdue_gated(now, after) {
                 let waits = self.group_waits.get(&pod).cloned();
@@ -1146,10 +1146,7 @@ impl Daemon {
                     groups: self.groups.all(),
                 });
                 let check = match &work {
-                    Work::Pod(key) => {
-                        self.handoffs
-                            .check_for(key, engine.state().pods.get(key), now)
-                    }
+                    Work::Pod(key) => self.handoffs.check_for(key, engine.state().pod(key), now),
                     Work::Group { .. } => None,
                 };
                 self.running = Some(Running::spawn(move |cancel| {
@@ -1538,8 +1535,7 @@ impl Daemon {
     ) -> String {
         let priority = here(&mut self.engine)
             .state()
-            .pods
-            .get(pod)
+            .pod(pod)
             .map_or(0, pod_priority);
         match preemption {
             // kube-scheduler's words: the filters' message, then `preemption: ...`.
@@ -1563,7 +1559,7 @@ impl Daemon {
     ) -> String {
         let priority = members
             .first()
-            .and_then(|m| here(&mut self.engine).state().pods.get(m))
+            .and_then(|m| here(&mut self.engine).state().pod(m))
             .map_or(0, pod_priority);
         match preemption {
             Some(Ok(preemption)) => {
@@ -2169,7 +2165,7 @@ fn apply_claim(
     match event {
         Event::Apply(c) | Event::InitApply(c) => {
             informers.seen("ResourceClaim", ObjectKey::of(&c.metadata));
-            let old = engine.state().claims.get(&ObjectKey::of(&c.metadata));
+            let old = engine.state().claim(&ObjectKey::of(&c.metadata));
             let helps = claim_may_help(old, &c);
             engine.upsert_claim(c);
             helps

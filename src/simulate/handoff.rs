@@ -110,7 +110,7 @@ fn release(engine: &mut Engine, handoff: &Handoff, placement: &Placement) {
     let holders: Vec<(&ObjectKey, &Pod)> = handoff
         .holders
         .iter()
-        .filter_map(|h| Some((&h.pod, state.pods.get(&h.pod)?)))
+        .filter_map(|h| Some((&h.pod, state.pod(&h.pod)?)))
         .collect();
     let victims = holders
         .iter()

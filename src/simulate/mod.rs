@@ -203,7 +203,7 @@ fn simulate_in_pool(options: &Options, input: ClusterInput, groups: Groups) -> S
         options.all_schedulers,
     );
     // A pod being deleted is not scheduled (kube-scheduler skips it too).
-    queue.retain(|k| !engine.state().pods.get(k).is_some_and(terminating));
+    queue.retain(|k| !engine.state().pod(k).is_some_and(terminating));
     let mut decisions: HashMap<ObjectKey, Decision> = HashMap::new();
     let mut claim_order = claim_order;
     let mut group_outcomes = Vec::new();
@@ -215,8 +215,7 @@ fn simulate_in_pool(options: &Options, input: ClusterInput, groups: Groups) -> S
         }
         let group = engine
             .state()
-            .pods
-            .get(key)
+            .pod(key)
             .and_then(pod_group_name)
             .map(|name| ObjectKey::new(key.namespace.clone(), name));
         if let Some(group) = group {

@@ -205,7 +205,7 @@ fn report(sim: &Simulation) -> Report {
         .pods
         .iter()
         .map(|(key, decision)| {
-            let pod = state.pods.get(key);
+            let pod = state.pod(key);
             let node = pod.and_then(bound_node).map(str::to_string);
             let is_terminating = handed_off.contains_key(key) || pod.is_some_and(terminating);
             let message = match decision {

@@ -312,7 +312,7 @@ impl Engine {
                 state
                     .claims
                     .get(key)
-                    .map(|c| (key.clone(), c))
+                    .map(|c| (key.clone(), &**c))
                     .ok_or_else(|| format!("ResourceClaim {key} not found"))
             })
             .collect::<Result<Vec<_>, String>>()?;

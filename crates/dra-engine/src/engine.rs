@@ -450,6 +450,7 @@ impl Engine {
             .state
             .pods
             .iter()
+            .map(|(k, p)| (k, &**p))
             .filter(|(_, p)| bound_node(p).is_none() && !crate::state::is_terminal(p))
             .filter(|(_, p)| all || self.is_ours(p))
             .collect();
@@ -523,7 +524,7 @@ impl Engine {
                 .state
                 .claims
                 .entry(decision.key.clone())
-                .or_insert_with(|| decision.claim.clone());
+                .or_insert_with(|| Box::new(decision.claim.clone()));
             let status = claim
                 .status
                 .get_or_insert_with(ResourceClaimStatus::default);
@@ -551,7 +552,7 @@ impl Engine {
                     .node_allocatable_resource_claim_statuses =
                     Some(placement.node_allocatable.clone());
             }
-            self.upsert_pod(pod);
+            self.upsert_pod(*pod);
         }
     }
 
@@ -686,7 +687,7 @@ impl Engine {
             {
                 status.node_allocatable_resource_claim_statuses = None;
             }
-            self.upsert_pod(pod);
+            self.upsert_pod(*pod);
         }
     }
 
@@ -712,7 +713,7 @@ impl Engine {
             .state
             .pods
             .get(&key)
-            .and_then(bound_node)
+            .and_then(|p| bound_node(p))
             .map(str::to_string);
         for node in old.iter().map(String::as_str).chain(bound_node(&pod)) {
             self.changes.node(node);
@@ -757,7 +758,7 @@ impl Engine {
     /// taken or given back in the allocator's view. Returns whether it was taken.
     pub fn upsert_claim(&mut self, claim: ResourceClaim) -> bool {
         let key = ObjectKey::of(&claim.metadata);
-        let old = allocation_of(self.state.claims.get(&key));
+        let old = allocation_of(self.state.claims.get(&key).map(Box::as_ref));
         let new = allocation_of(Some(&claim));
         if !self.state.upsert_claim(claim) {
             return false;
@@ -767,7 +768,7 @@ impl Engine {
     }
 
     pub fn remove_claim(&mut self, key: &ObjectKey) {
-        let old = allocation_of(self.state.claims.get(key));
+        let old = allocation_of(self.state.claims.get(key).map(Box::as_ref));
         self.state.remove_claim(key);
         self.replace_allocation(old.as_ref(), None);
     }
@@ -807,7 +808,7 @@ impl Engine {
             }
             // Already ours, or someone else's (the API server's word wins; our write will
             // be refused): only an unallocated claim gets our devices again.
-            if allocation_of(self.state.claims.get(&decision.key)).is_some() {
+            if allocation_of(self.state.claims.get(&decision.key).map(Box::as_ref)).is_some() {
                 decision.allocation = None;
             }
         }
@@ -831,7 +832,7 @@ impl Engine {
             .state
             .pods
             .get(&preemption.pod)
-            .map(crate::plugins::priority_sort::priority)
+            .map(|p| crate::plugins::priority_sort::priority(p))
             .unwrap_or(0);
         let allocations: Vec<AllocationResult> = preemption
             .placement

@@ -287,7 +287,7 @@ fn allocated_claims(
         return Vec::new();
     };
     keys.into_iter()
-        .filter_map(|k| Some((k.clone(), state.claims.get(&k)?.clone())))
+        .filter_map(|k| Some((k.clone(), ResourceClaim::clone(state.claims.get(&k)?))))
         .filter(|(_, c)| {
             claims::allocation(c).is_some()
                 && ((unreserved && claims::reserved_for(c).is_empty())
@@ -341,6 +341,7 @@ impl Engine {
         let holders: Vec<(&ObjectKey, &Pod)> = state
             .pods
             .iter()
+            .map(|(k, p)| (k, &**p))
             .filter(|(_, p)| {
                 // Terminating, or finished (kubelet reports the phase before the pod goes).
                 (p.metadata.deletion_timestamp.is_some() || is_terminal(p))
@@ -359,7 +360,10 @@ impl Engine {
                 .get(claim_key)
                 .filter(|c| claims::allocation(c).is_some() && !state.pods.contains_key(holder));
             if let Some(claim) = left_behind {
-                held_claims.push((holder, vec![(claim_key.clone(), claim.clone())]));
+                held_claims.push((
+                    holder,
+                    vec![(claim_key.clone(), ResourceClaim::clone(claim))],
+                ));
             }
         }
         if held_claims.is_empty() {
@@ -460,7 +464,7 @@ impl Engine {
         let mut fork = self.fork();
         let mut out = Vec::new();
         for (key, now) in candidates {
-            let Some(pod) = self.state().pods.get(&key).cloned() else {
+            let Some(pod) = self.state().pods.get(&key).map(|p| Pod::clone(p)) else {
                 continue;
             };
             let own = own_claims(self.state(), &pod);

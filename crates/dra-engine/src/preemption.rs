@@ -426,7 +426,7 @@ impl Engine {
             if freed.contains(key) {
                 status.allocation = None;
             }
-            updates.push(claim);
+            updates.push(*claim);
         }
         for victim in &victims {
             self.remove_pod(&victim.pod);
@@ -563,7 +563,7 @@ fn node_reason(message: &str) -> String {
 /// FilterVictimsWithPDBViolation: a unit violates when any of its pods does).
 fn pdb_violations(
     units: &[Unit],
-    pods: &HashMap<ObjectKey, Pod>,
+    pods: &HashMap<ObjectKey, Box<Pod>>,
     pdbs: &[PodDisruptionBudget],
 ) -> Vec<usize> {
     let parsed: Vec<Option<Selector>> = pdbs
@@ -664,7 +664,7 @@ struct Scratch {
     /// Those claims as they were.
     original_claims: HashMap<ObjectKey, ResourceClaim>,
     /// Every pod as it was (before removals).
-    original_pods: HashMap<ObjectKey, Pod>,
+    original_pods: HashMap<ObjectKey, Box<Pod>>,
     removed: BTreeSet<ObjectKey>,
     freed: BTreeSet<ObjectKey>,
     /// PodGroups evicted whole: their bound members.
@@ -705,7 +705,7 @@ impl Scratch {
                     .is_some_and(|p| claims::is_pod(r, &r.name, p.metadata.uid.as_deref()));
                 if same {
                     claims_of.entry(pod_key).or_default().push(key.clone());
-                    original_claims.insert(key.clone(), claim.clone());
+                    original_claims.insert(key.clone(), ResourceClaim::clone(claim));
                 }
             }
         }
@@ -792,7 +792,7 @@ impl Scratch {
                     let pods = self.whole_groups[&group].clone();
                     let members: Vec<&Pod> = pods
                         .iter()
-                        .filter_map(|k| self.original_pods.get(k))
+                        .filter_map(|k| self.original_pods.get(k).map(Box::as_ref))
                         .collect();
                     Unit {
                         priority: self.group_priority.get(&group).copied().unwrap_or_else(|| {
@@ -835,7 +835,7 @@ impl Scratch {
             if self.removed.remove(key)
                 && let Some(pod) = self.original_pods.get(key)
             {
-                self.engine.upsert_pod(pod.clone());
+                self.engine.upsert_pod(Pod::clone(pod));
             }
         }
         self.settle(pods);
@@ -1017,7 +1017,8 @@ impl Scratch {
             };
             let mut holds = false;
             for claim in claims::of_pod(pod, state).unwrap_or_default() {
-                let Some(allocation) = state.claims.get(&claim).and_then(claims::allocation) else {
+                let Some(allocation) = state.claims.get(&claim).and_then(|c| claims::allocation(c))
+                else {
                     continue;
                 };
                 for r in allocation
@@ -1070,8 +1071,8 @@ impl Scratch {
         Victim {
             pod: key.clone(),
             uid: pod.and_then(|p| p.metadata.uid.clone()),
-            priority: pod.map(priority).unwrap_or(unit.priority),
-            node: pod.and_then(bound_node).unwrap_or(node).to_string(),
+            priority: pod.map(|p| priority(p)).unwrap_or(unit.priority),
+            node: pod.and_then(|p| bound_node(p)).unwrap_or(node).to_string(),
             freed_claims: freed.get(key).cloned().unwrap_or_default(),
         }
     }
@@ -1196,7 +1197,7 @@ impl Engine {
                     "PodGroup {key}: pod {member} does not name it in spec.schedulingGroup.podGroupName"
                 ));
             }
-            pods.push(pod.clone());
+            pods.push(Pod::clone(pod));
         }
         let group_priority = group.spec.priority.unwrap_or_else(|| priority(&pods[0]));
         if let Some((member, pod)) = members
@@ -1384,7 +1385,7 @@ impl Scratch {
             let on = self
                 .original_pods
                 .get(pod)
-                .and_then(bound_node)
+                .and_then(|p| bound_node(p))
                 .is_some_and(|n| footprint.nodes.contains(n));
             on || self
                 .claims_of
@@ -1466,7 +1467,7 @@ impl Scratch {
         let mut by_node: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (i, unit) in units.iter().enumerate() {
             for pod in &unit.pods {
-                if let Some(node) = self.original_pods.get(pod).and_then(bound_node) {
+                if let Some(node) = self.original_pods.get(pod).and_then(|p| bound_node(p)) {
                     let list = by_node.entry(node.to_string()).or_default();
                     if !list.contains(&i) {
                         list.push(i);
@@ -1562,7 +1563,7 @@ impl Scratch {
                 freed.insert(pod.clone(), mine);
             }
         }
-        let node_of = |pod: &ObjectKey| self.original_pods.get(pod).and_then(bound_node);
+        let node_of = |pod: &ObjectKey| self.original_pods.get(pod).and_then(|p| bound_node(p));
         let victims: Vec<Victim> = chosen
             .iter()
             .flat_map(|i| {

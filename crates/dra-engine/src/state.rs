@@ -226,8 +226,11 @@ pub fn bound_node(pod: &Pod) -> Option<&str> {
 #[derive(Clone, Debug, Default)]
 pub struct ClusterState {
     pub nodes: BTreeMap<String, NodeInfo>,
-    pub pods: HashMap<ObjectKey, Pod>,
-    pub claims: HashMap<ObjectKey, ResourceClaim>,
+    /// Boxed, as are the claims: a hash table holds its values inline and has room for up
+    /// to twice as many as it holds, and a k8s-openapi Pod is 2,464 bytes (a claim 576)
+    /// before anything it points to.
+    pub pods: HashMap<ObjectKey, Box<Pod>>,
+    pub claims: HashMap<ObjectKey, Box<ResourceClaim>>,
     pub classes: Vec<DeviceClass>,
     /// Shared with every snapshot built from this state (not copied per rebuild).
     pub slices: Vec<Arc<ResourceSlice>>,
@@ -532,7 +535,9 @@ impl ClusterState {
             state.workloads.upsert_stateful_set(ss);
         }
         for claim in input.claims {
-            state.claims.insert(ObjectKey::of(&claim.metadata), claim);
+            state
+                .claims
+                .insert(ObjectKey::of(&claim.metadata), Box::new(claim));
         }
         for pod in input.pods {
             state.upsert_pod(pod);
@@ -541,6 +546,16 @@ impl ClusterState {
     }
 
     /// Add or replace a pod, keeping node usage right.
+    /// The pod called `key`, if known.
+    pub fn pod(&self, key: &ObjectKey) -> Option<&Pod> {
+        self.pods.get(key).map(Box::as_ref)
+    }
+
+    /// The ResourceClaim called `key`, if known.
+    pub fn claim(&self, key: &ObjectKey) -> Option<&ResourceClaim> {
+        self.claims.get(key).map(Box::as_ref)
+    }
+
     pub fn upsert_pod(&mut self, pod: Pod) {
         let key = ObjectKey::of(&pod.metadata);
         if let Some(old) = self.pods.remove(&key) {
@@ -553,13 +568,13 @@ impl ClusterState {
             info.add_pod(&pod);
             note_affinity_pods(&mut self.nodes_with_affinity_pods, info);
         }
-        self.pods.insert(key, pod);
+        self.pods.insert(key, Box::new(pod));
     }
 
     pub fn remove_pod(&mut self, key: &ObjectKey) -> Option<Pod> {
         let old = self.pods.remove(key)?;
         self.unaccount(&old);
-        Some(old)
+        Some(*old)
     }
 
     fn unaccount(&mut self, pod: &Pod) {
@@ -660,7 +675,7 @@ impl ClusterState {
         {
             return false;
         }
-        self.claims.insert(key, claim);
+        self.claims.insert(key, Box::new(claim));
         true
     }
 

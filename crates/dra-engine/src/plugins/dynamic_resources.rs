@@ -286,7 +286,7 @@ impl<'a> PluginCycle for DraCycle<'a> {
                 // allocation is that member's decision; this pod only joins reservedFor.
                 placement.claims.push(ClaimDecision {
                     key: key.clone(),
-                    claim: self.cycle.state.claims[key].clone(),
+                    claim: ResourceClaim::clone(&self.cycle.state.claims[key]),
                     allocation: None,
                     create: false,
                     extended_mappings: Vec::new(),
@@ -297,7 +297,7 @@ impl<'a> PluginCycle for DraCycle<'a> {
             let allocated = self.allocated.iter().any(|(k, _)| k == key);
             placement.claims.push(ClaimDecision {
                 key: key.clone(),
-                claim: self.cycle.state.claims[key].clone(),
+                claim: ResourceClaim::clone(&self.cycle.state.claims[key]),
                 allocation: if allocated { None } else { allocations.next() },
                 create: false,
                 extended_mappings: Vec::new(),

@@ -280,7 +280,9 @@ fn namespace_of(pod: &Pod) -> &str {
 
 /// The pods bound to `node`.
 fn bound_pods<'a>(state: &'a ClusterState, node: &'a NodeInfo) -> impl Iterator<Item = &'a Pod> {
-    node.pod_keys.iter().filter_map(|key| state.pods.get(key))
+    node.pod_keys
+        .iter()
+        .filter_map(|key| state.pods.get(key).map(Box::as_ref))
 }
 
 /// `terms` is not empty and `pod` matches every one (the pod's own terms, namespaces
