@@ -358,7 +358,7 @@ async fn compare_with_kube_scheduler(examples: &[&str]) {
             let theirs = claims.list(&ListParams::default()).await.unwrap().items;
             assert_eq!(
                 allocated_devices(theirs.iter()),
-                allocated_devices(sim.engine.state().claims.values().map(Box::as_ref)),
+                allocated_devices(sim.engine.state().claims.values().map(|c| &**c)),
                 "example {name}: kube-scheduler's devices vs simulate's"
             );
             // And what the devices map of the nodes' resources, in the pods' status
@@ -531,7 +531,7 @@ async fn run_like_simulate(examples: &[&str], extra: &[&str], features: dra_engi
         );
         assert_eq!(
             live_devices,
-            allocated_devices(sim.engine.state().claims.values().map(Box::as_ref)),
+            allocated_devices(sim.engine.state().claims.values().map(|c| &**c)),
             "example {name}: devices chosen by the daemon and by simulate"
         );
         // The pods' nodeAllocatableResourceClaimStatuses as the daemon wrote them (and the

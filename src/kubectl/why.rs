@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use dra_engine::explain::{self, DeviceVerdict, RequestDevices};
 use dra_engine::inventory::Inventory;
 use dra_engine::{Decision, Engine, ObjectKey};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use k8s_openapi::api::scheduling::v1beta1::PodGroup;
@@ -563,7 +563,7 @@ fn preemption(
         let mut fork = engine.fork();
         for (other, info) in &engine.state().nodes {
             if other != name {
-                let mut node = info.node.clone();
+                let mut node = Node::clone(&info.node);
                 node.spec.get_or_insert_default().unschedulable = Some(true);
                 fork.upsert_node(node);
             }

@@ -2194,7 +2194,7 @@ fn apply_node(engine: &mut Engine, informers: &mut Informers, event: Event<Node>
     let helps = match &event {
         Event::Apply(node) => {
             let old = engine.state().nodes.get(&name(&node.metadata));
-            node_may_help(old.map(|i| &i.node), node)
+            node_may_help(old.map(|i| &*i.node), node)
         }
         _ => true,
     };

@@ -361,7 +361,7 @@ impl Engine {
                 .state
                 .claims
                 .get_mut(&decision.key)
-                .and_then(|c| c.status.as_mut())
+                .and_then(|c| Arc::make_mut(c).status.as_mut())
             else {
                 continue;
             };
@@ -382,7 +382,7 @@ impl Engine {
             let Some(claim) = self.state.claims.get_mut(&decision.key) else {
                 continue;
             };
-            claim
+            Arc::make_mut(claim)
                 .status
                 .get_or_insert_with(ResourceClaimStatus::default)
                 .allocation = Some(allocation.clone());
@@ -524,8 +524,8 @@ impl Engine {
                 .state
                 .claims
                 .entry(decision.key.clone())
-                .or_insert_with(|| Box::new(decision.claim.clone()));
-            let status = claim
+                .or_insert_with(|| Arc::new(decision.claim.clone()));
+            let status = Arc::make_mut(claim)
                 .status
                 .get_or_insert_with(ResourceClaimStatus::default);
             if let Some(allocation) = &decision.allocation {
@@ -542,7 +542,7 @@ impl Engine {
         for decision in &placement.volumes {
             self.assume_volume(decision);
         }
-        if let Some(mut pod) = self.state.pods.get(&placement.pod).cloned()
+        if let Some(mut pod) = self.state.pods.get(&placement.pod).map(|p| Pod::clone(p))
             && (placement.pod_uid.is_none() || pod.metadata.uid == placement.pod_uid)
         {
             pod.spec.get_or_insert_with(Default::default).node_name = Some(placement.node.clone());
@@ -552,7 +552,7 @@ impl Engine {
                     .node_allocatable_resource_claim_statuses =
                     Some(placement.node_allocatable.clone());
             }
-            self.upsert_pod(*pod);
+            self.upsert_pod(pod);
         }
     }
 
@@ -570,7 +570,7 @@ impl Engine {
                 }
                 continue;
             }
-            let status = claim
+            let status = Arc::make_mut(claim)
                 .status
                 .get_or_insert_with(ResourceClaimStatus::default);
             claims::unreserve(status, &placement.consumer_of(decision));
@@ -676,7 +676,7 @@ impl Engine {
     /// claims keep what was assumed (their writes may have landed; the API server's copy
     /// replaces them when the informers bring it).
     pub fn forget_pod(&mut self, placement: &Placement) {
-        if let Some(mut pod) = self.state.pods.get(&placement.pod).cloned()
+        if let Some(mut pod) = self.state.pods.get(&placement.pod).map(|p| Pod::clone(p))
             && (placement.pod_uid.is_none() || pod.metadata.uid == placement.pod_uid)
         {
             if let Some(spec) = pod.spec.as_mut() {
@@ -687,7 +687,7 @@ impl Engine {
             {
                 status.node_allocatable_resource_claim_statuses = None;
             }
-            self.upsert_pod(*pod);
+            self.upsert_pod(pod);
         }
     }
 
@@ -725,7 +725,7 @@ impl Engine {
     pub fn remove_pod(&mut self, key: &ObjectKey) {
         self.release_nomination(key);
         self.changes.forget_pod(key);
-        if let Some(node) = self.state.remove_pod(key).as_ref().and_then(bound_node) {
+        if let Some(node) = self.state.remove_pod(key).as_deref().and_then(bound_node) {
             self.changes.node(node);
         }
     }
@@ -758,7 +758,7 @@ impl Engine {
     /// taken or given back in the allocator's view. Returns whether it was taken.
     pub fn upsert_claim(&mut self, claim: ResourceClaim) -> bool {
         let key = ObjectKey::of(&claim.metadata);
-        let old = allocation_of(self.state.claims.get(&key).map(Box::as_ref));
+        let old = allocation_of(self.state.claims.get(&key).map(Arc::as_ref));
         let new = allocation_of(Some(&claim));
         if !self.state.upsert_claim(claim) {
             return false;
@@ -768,7 +768,7 @@ impl Engine {
     }
 
     pub fn remove_claim(&mut self, key: &ObjectKey) {
-        let old = allocation_of(self.state.claims.get(key).map(Box::as_ref));
+        let old = allocation_of(self.state.claims.get(key).map(Arc::as_ref));
         self.state.remove_claim(key);
         self.replace_allocation(old.as_ref(), None);
     }
@@ -808,7 +808,7 @@ impl Engine {
             }
             // Already ours, or someone else's (the API server's word wins; our write will
             // be refused): only an unallocated claim gets our devices again.
-            if allocation_of(self.state.claims.get(&decision.key).map(Box::as_ref)).is_some() {
+            if allocation_of(self.state.claims.get(&decision.key).map(Arc::as_ref)).is_some() {
                 decision.allocation = None;
             }
         }

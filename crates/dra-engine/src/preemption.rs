@@ -82,6 +82,7 @@
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -418,7 +419,7 @@ impl Engine {
                 deletes.push(key.clone());
                 continue;
             }
-            let mut claim = claim.clone();
+            let mut claim = ResourceClaim::clone(claim);
             let status = claim.status.get_or_insert_with(Default::default);
             if let Some(reserved) = status.reserved_for.as_mut() {
                 reserved.retain(|r| !is_victim(&key.namespace, r));
@@ -426,7 +427,7 @@ impl Engine {
             if freed.contains(key) {
                 status.allocation = None;
             }
-            updates.push(*claim);
+            updates.push(claim);
         }
         for victim in &victims {
             self.remove_pod(&victim.pod);
@@ -563,7 +564,7 @@ fn node_reason(message: &str) -> String {
 /// FilterVictimsWithPDBViolation: a unit violates when any of its pods does).
 fn pdb_violations(
     units: &[Unit],
-    pods: &HashMap<ObjectKey, Box<Pod>>,
+    pods: &HashMap<ObjectKey, Arc<Pod>>,
     pdbs: &[PodDisruptionBudget],
 ) -> Vec<usize> {
     let parsed: Vec<Option<Selector>> = pdbs
@@ -664,7 +665,7 @@ struct Scratch {
     /// Those claims as they were.
     original_claims: HashMap<ObjectKey, ResourceClaim>,
     /// Every pod as it was (before removals).
-    original_pods: HashMap<ObjectKey, Box<Pod>>,
+    original_pods: HashMap<ObjectKey, Arc<Pod>>,
     removed: BTreeSet<ObjectKey>,
     freed: BTreeSet<ObjectKey>,
     /// PodGroups evicted whole: their bound members.
@@ -792,7 +793,7 @@ impl Scratch {
                     let pods = self.whole_groups[&group].clone();
                     let members: Vec<&Pod> = pods
                         .iter()
-                        .filter_map(|k| self.original_pods.get(k).map(Box::as_ref))
+                        .filter_map(|k| self.original_pods.get(k).map(Arc::as_ref))
                         .collect();
                     Unit {
                         priority: self.group_priority.get(&group).copied().unwrap_or_else(|| {

@@ -76,7 +76,8 @@ impl std::fmt::Display for ObjectKey {
 /// A node and what is already placed on it.
 #[derive(Clone, Debug)]
 pub struct NodeInfo {
-    pub node: Node,
+    /// Shared by forks of the state.
+    pub node: Arc<Node>,
     pub allocatable: ResourceList,
     /// What NodeResourcesFit counts of `allocatable`, in its units (the filter and the
     /// scores read it for every pod).
@@ -125,7 +126,7 @@ impl NodeInfo {
         };
         let allowed_pods = allocatable.0.get("pods").and_then(|q| q.value());
         NodeInfo {
-            node,
+            node: Arc::new(node),
             allocatable_units: allocatable_units(&allocatable),
             allowed_pods: allowed_pods.unwrap_or(0),
             allocatable,
@@ -226,11 +227,12 @@ pub fn bound_node(pod: &Pod) -> Option<&str> {
 #[derive(Clone, Debug, Default)]
 pub struct ClusterState {
     pub nodes: BTreeMap<String, NodeInfo>,
-    /// Boxed, as are the claims: a hash table holds its values inline and has room for up
-    /// to twice as many as it holds, and a k8s-openapi Pod is 2,464 bytes (a claim 576)
-    /// before anything it points to.
-    pub pods: HashMap<ObjectKey, Box<Pod>>,
-    pub claims: HashMap<ObjectKey, Box<ResourceClaim>>,
+    /// Behind an `Arc`, as are the claims: a hash table holds its values inline and has
+    /// room for up to twice as many as it holds, and a k8s-openapi Pod is 2,464 bytes (a
+    /// claim 576) before anything it points to; and a fork of the state
+    /// ([`crate::Engine::fork`]) shares them instead of copying every one.
+    pub pods: HashMap<ObjectKey, Arc<Pod>>,
+    pub claims: HashMap<ObjectKey, Arc<ResourceClaim>>,
     pub classes: Vec<DeviceClass>,
     /// Shared with every snapshot built from this state (not copied per rebuild).
     pub slices: Vec<Arc<ResourceSlice>>,
@@ -537,7 +539,7 @@ impl ClusterState {
         for claim in input.claims {
             state
                 .claims
-                .insert(ObjectKey::of(&claim.metadata), Box::new(claim));
+                .insert(ObjectKey::of(&claim.metadata), Arc::new(claim));
         }
         for pod in input.pods {
             state.upsert_pod(pod);
@@ -548,12 +550,12 @@ impl ClusterState {
     /// Add or replace a pod, keeping node usage right.
     /// The pod called `key`, if known.
     pub fn pod(&self, key: &ObjectKey) -> Option<&Pod> {
-        self.pods.get(key).map(Box::as_ref)
+        self.pods.get(key).map(Arc::as_ref)
     }
 
     /// The ResourceClaim called `key`, if known.
     pub fn claim(&self, key: &ObjectKey) -> Option<&ResourceClaim> {
-        self.claims.get(key).map(Box::as_ref)
+        self.claims.get(key).map(Arc::as_ref)
     }
 
     pub fn upsert_pod(&mut self, pod: Pod) {
@@ -568,13 +570,13 @@ impl ClusterState {
             info.add_pod(&pod);
             note_affinity_pods(&mut self.nodes_with_affinity_pods, info);
         }
-        self.pods.insert(key, Box::new(pod));
+        self.pods.insert(key, Arc::new(pod));
     }
 
-    pub fn remove_pod(&mut self, key: &ObjectKey) -> Option<Pod> {
+    pub fn remove_pod(&mut self, key: &ObjectKey) -> Option<Arc<Pod>> {
         let old = self.pods.remove(key)?;
         self.unaccount(&old);
-        Some(*old)
+        Some(old)
     }
 
     fn unaccount(&mut self, pod: &Pod) {
@@ -675,7 +677,7 @@ impl ClusterState {
         {
             return false;
         }
-        self.claims.insert(key, Box::new(claim));
+        self.claims.insert(key, Arc::new(claim));
         true
     }
 

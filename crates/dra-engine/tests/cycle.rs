@@ -440,6 +440,58 @@ fn a_decision_made_on_a_fork_is_taken_only_if_what_it_relies_on_did_not_change()
 }
 
 #[test]
+fn a_fork_shares_the_objects_and_what_it_assumes_stays_in_the_fork() {
+    let mut e = engine(ClusterInput {
+        nodes: vec![node("n1", "8")],
+        classes: vec![class()],
+        slices: vec![gpus("n1", 1)],
+        claims: vec![claim("a")],
+        pods: vec![pod("a", Some("a"), "1", 0)],
+        ..Default::default()
+    });
+    let mut fork = e.fork();
+    let claim_key = ObjectKey::new("default", "a");
+    // Not copied: the fork holds the very same pod, claim and node objects.
+    assert!(std::sync::Arc::ptr_eq(
+        &e.state().pods[&key("a")],
+        &fork.state().pods[&key("a")]
+    ));
+    assert!(std::sync::Arc::ptr_eq(
+        &e.state().claims[&claim_key],
+        &fork.state().claims[&claim_key]
+    ));
+    assert!(std::sync::Arc::ptr_eq(
+        &e.state().nodes["n1"].node,
+        &fork.state().nodes["n1"].node
+    ));
+    let Decision::Scheduled(placement) = fork.schedule(&key("a")) else {
+        panic!("a fits")
+    };
+    fork.assume(&placement);
+    // The fork's claim is allocated and its pod bound; the original's are as they were.
+    assert!(fork.state().claims[&claim_key].status.is_some());
+    assert_eq!(
+        fork.state().pods[&key("a")]
+            .spec
+            .as_ref()
+            .unwrap()
+            .node_name
+            .as_deref(),
+        Some("n1")
+    );
+    assert!(e.state().claims[&claim_key].status.is_none());
+    assert_eq!(
+        e.state().pods[&key("a")].spec.as_ref().unwrap().node_name,
+        None
+    );
+    assert_eq!(
+        e.schedule(&key("a")).node(),
+        Some("n1"),
+        "the GPU is still free here"
+    );
+}
+
+#[test]
 fn a_pod_of_a_pod_group_is_refused_not_placed_alone() {
     let mut member = pod("member", None, "1", 0);
     member.spec.as_mut().unwrap().scheduling_group =

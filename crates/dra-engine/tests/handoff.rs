@@ -224,13 +224,13 @@ fn a_finished_holder_whose_claim_is_reserved_for_nobody_is_still_waited_for() {
     // claim's reservedFor; the claim still holds the A5000 until it is deleted.
     let mut engine = rollout("web-1", true);
     let old = ObjectKey::new("ml", "old");
-    let mut finished = engine.state().pods[&old].clone();
+    let mut finished = Pod::clone(&engine.state().pods[&old]);
     finished.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).unwrap());
-    engine.upsert_pod(*finished);
+    engine.upsert_pod(finished);
     let key = ObjectKey::new("ml", "old-gpu");
-    let mut claim = engine.state().claims[&key].clone();
+    let mut claim = ResourceClaim::clone(&engine.state().claims[&key]);
     claim.status.as_mut().unwrap().reserved_for = None;
-    engine.upsert_claim(*claim);
+    engine.upsert_claim(claim);
     let placement = placed(&mut engine, "web-new");
     assert_eq!(devices(&placement), [format!("{T10} (gpu/t10)")]);
     let handoff = engine

@@ -242,7 +242,7 @@ fn pod_level_resources_must_cover_what_the_devices_map() {
     placed(&mut engine, "covered");
     // With a container limit of 4: 4 + the 6 the GPU maps for it > the pod's limit of 8.
     let mut v =
-        serde_json::to_value(engine.state().pods[&ObjectKey::new("ml", "capped")].clone()).unwrap();
+        serde_json::to_value(&*engine.state().pods[&ObjectKey::new("ml", "capped")]).unwrap();
     v["spec"]["containers"][0]["resources"]["limits"] = json!({"cpu": "4"});
     let capped: Pod = serde_json::from_value(v).unwrap();
     engine.upsert_pod(capped);

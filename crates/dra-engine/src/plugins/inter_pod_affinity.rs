@@ -21,6 +21,7 @@
 //! (upstream does not leave them out here); terminal pods are not bound pods.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm, WeightedPodAffinityTerm};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
@@ -282,7 +283,7 @@ fn namespace_of(pod: &Pod) -> &str {
 fn bound_pods<'a>(state: &'a ClusterState, node: &'a NodeInfo) -> impl Iterator<Item = &'a Pod> {
     node.pod_keys
         .iter()
-        .filter_map(|key| state.pods.get(key).map(Box::as_ref))
+        .filter_map(|key| state.pods.get(key).map(Arc::as_ref))
 }
 
 /// `terms` is not empty and `pod` matches every one (the pod's own terms, namespaces
