@@ -848,7 +848,7 @@ struct Daemon {
     degraded_round: Option<Running<Vec<dra_engine::Degradation>>>,
     /// The device counts for the `devices` gauge, made on a thread of their own every
     /// [`INVENTORY_EVERY`] from a copy of the DRA objects.
-    inventory: Option<Running<dra_engine::inventory::Inventory>>,
+    inventory: Option<Running<dra_engine::inventory::Counts>>,
     next_inventory: Instant,
     /// Namespaces and owners the degraded gauge has had.
     degraded_owners: BTreeSet<(String, String)>,
@@ -949,7 +949,7 @@ impl Daemon {
                 counted = joined(&mut self.inventory), if self.inventory.is_some() => {
                     self.inventory = None;
                     match counted {
-                        Ok(inventory) => self.metrics.set_devices(&inventory.counts()),
+                        Ok(counts) => self.metrics.set_devices(&counts),
                         Err(e) => tracing::error!(error = %e, "counting devices failed"),
                     }
                     None
@@ -1365,7 +1365,7 @@ impl Daemon {
         // was the largest transient in benches/e2e's heap profile.
         let sources = dra_engine::inventory::Sources::of(engine.state());
         self.inventory = Some(Running::spawn(move |_| {
-            dra_engine::inventory::Inventory::from_sources(&sources)
+            dra_engine::inventory::Inventory::counts_of(&sources)
         }));
     }
 

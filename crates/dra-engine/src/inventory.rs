@@ -219,63 +219,31 @@ impl Inventory {
     }
 
     pub fn from_sources(sources: &Sources) -> Inventory {
-        let env = Environment::default();
-        let allocated = &sources.allocated;
         let mut inventory = Inventory::default();
-        for slice in &sources.slices {
-            let spec = &slice.spec;
-            for device in spec.devices.iter().flatten() {
-                let classes = classes_of(
-                    &env,
-                    &sources.classes,
-                    &spec.driver,
-                    device,
-                    &mut inventory.errors,
-                );
-                let id = format!("{}/{}/{}", spec.driver, spec.pool.name, device.name);
-                let (claim, reserved_for) = match allocated.get(&id) {
-                    Some((claim, reserved)) => (Some(claim.clone()), reserved.clone()),
-                    None => (None, Vec::new()),
-                };
-                inventory.devices.push(DeviceInfo {
-                    node: spec.node_name.clone().or_else(|| device.node_name.clone()),
-                    driver: spec.driver.clone(),
-                    pool: spec.pool.name.clone(),
-                    name: device.name.clone(),
-                    product: string_attribute(device, "productName"),
-                    numa: numa_of(device),
-                    classes,
-                    claim,
-                    reserved_for,
-                    taints: taints(slice, device, &sources.taint_rules),
-                    partition: device
-                        .consumes_counters
-                        .as_ref()
-                        .is_some_and(|c| !c.is_empty()),
-                });
-            }
-        }
-        inventory.counters = counters_left(&sources.slices, allocated);
+        let mut devices = Vec::new();
+        inventory.errors = each_device(sources, |device| devices.push(device));
+        inventory.devices = devices;
+        inventory.counters = counters_left(&sources.slices, &sources.allocated);
         inventory
             .devices
             .sort_by(|a, b| (&a.node, a.id()).cmp(&(&b.node, b.id())));
         inventory
     }
 
+    /// [`Inventory::counts`] of [`Inventory::from_sources`], without holding every
+    /// device's [`DeviceInfo`] at once: what the daemon exports every few seconds.
+    pub fn counts_of(sources: &Sources) -> Counts {
+        let mut out = Counts::new();
+        each_device(sources, |device| count(&mut out, &device));
+        out
+    }
+
     /// Devices per node, class and state (`free`, `allocated`, `tainted`); a device with
     /// no node counts under node `""`, one in no class under class `""`.
-    pub fn counts(&self) -> BTreeMap<(String, String, &'static str), usize> {
-        let mut out = BTreeMap::new();
+    pub fn counts(&self) -> Counts {
+        let mut out = Counts::new();
         for d in &self.devices {
-            let node = d.node.clone().unwrap_or_default();
-            let classes: Vec<String> = if d.classes.is_empty() {
-                vec![String::new()]
-            } else {
-                d.classes.clone()
-            };
-            for class in classes {
-                *out.entry((node.clone(), class, d.state())).or_default() += 1;
-            }
+            count(&mut out, d);
         }
         out
     }
@@ -287,6 +255,59 @@ impl Inventory {
             .filter_map(|d| d.node.as_deref())
             .collect()
     }
+}
+
+/// How many devices per (node, class, state): [`Inventory::counts`].
+pub type Counts = BTreeMap<(String, String, &'static str), usize>;
+
+/// Count `d` once in each of its classes (under class `""` if none), under node `""` if
+/// it has none.
+fn count(out: &mut Counts, d: &DeviceInfo) {
+    let node = d.node.clone().unwrap_or_default();
+    if d.classes.is_empty() {
+        *out.entry((node, String::new(), d.state())).or_default() += 1;
+        return;
+    }
+    for class in &d.classes {
+        *out.entry((node.clone(), class.clone(), d.state()))
+            .or_default() += 1;
+    }
+}
+
+/// Each device of the slices, in slice order, as a [`DeviceInfo`] handed to `f`; returns
+/// the selector errors met.
+fn each_device(sources: &Sources, mut f: impl FnMut(DeviceInfo)) -> Vec<String> {
+    let env = Environment::default();
+    let allocated = &sources.allocated;
+    let mut errors = Vec::new();
+    for slice in &sources.slices {
+        let spec = &slice.spec;
+        for device in spec.devices.iter().flatten() {
+            let classes = classes_of(&env, &sources.classes, &spec.driver, device, &mut errors);
+            let id = format!("{}/{}/{}", spec.driver, spec.pool.name, device.name);
+            let (claim, reserved_for) = match allocated.get(&id) {
+                Some((claim, reserved)) => (Some(claim.clone()), reserved.clone()),
+                None => (None, Vec::new()),
+            };
+            f(DeviceInfo {
+                node: spec.node_name.clone().or_else(|| device.node_name.clone()),
+                driver: spec.driver.clone(),
+                pool: spec.pool.name.clone(),
+                name: device.name.clone(),
+                product: string_attribute(device, "productName"),
+                numa: numa_of(device),
+                classes,
+                claim,
+                reserved_for,
+                taints: taints(slice, device, &sources.taint_rules),
+                partition: device
+                    .consumes_counters
+                    .as_ref()
+                    .is_some_and(|c| !c.is_empty()),
+            });
+        }
+    }
+    errors
 }
 
 /// Per pool's shared counter, the total less what allocated devices consume.

@@ -1,7 +1,7 @@
 //! The device inventory (`Inventory::of`): which classes each device is in, who holds it,
 //! its taints, the counts per node, class and state, and what shared counters are left.
 
-use dra_engine::inventory::Inventory;
+use dra_engine::inventory::{Inventory, Sources};
 use dra_engine::{ClusterInput, ClusterState, ObjectKey};
 use serde_json::json;
 
@@ -116,6 +116,8 @@ fn counts_per_node_class_and_state() {
         (1, 1)
     );
     assert_eq!((n("big-gpu", "allocated"), n("big-gpu", "free")), (1, 0));
+    // The daemon's count, made without holding every device, is the same.
+    assert_eq!(Inventory::counts_of(&Sources::of(&state())), counts);
 }
 
 #[test]
