@@ -923,6 +923,40 @@ impl Trial {
         .await
     }
 
+    /// How the pod's failure saying `text` reached its user: a `FailedScheduling` event
+    /// whose note says it, or, where the pod's first `FailedScheduling` said something
+    /// else (the daemon saw the pod before its PersistentVolumeClaim), that event's series
+    /// counting a repeat while the daemon logs the failure for this pod. client-go's
+    /// recorder keys a series by object, type, reason and action, not by the note, and so
+    /// does ours: a later failure with another note counts in the first event's series.
+    async fn failure_told(&self, pod: &str, text: &str) -> String {
+        let events: Api<Event> = self.ns.api();
+        let logged = || {
+            self.daemon
+                .log()
+                .lines()
+                .any(|line| line.contains(pod) && line.contains(text))
+        };
+        eventually(
+            &format!("a FailedScheduling event about {pod} saying {text:?}, or counting it"),
+            HANG,
+            || async {
+                let list = events.list(&ListParams::default()).await.ok()?;
+                let failed = list.items.into_iter().find(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod)
+                        && e.reason.as_deref() == Some("FailedScheduling")
+                })?;
+                let note = failed.note.clone().unwrap_or_default();
+                if note.contains(text) {
+                    return Some(note);
+                }
+                let count = failed.series.as_ref().map_or(1, |s| s.count);
+                (count >= 2 && logged()).then(|| format!("{note} (x{count}; logged: {text})"))
+            },
+        )
+        .await
+    }
+
     async fn events_about(&self, pod: &str) -> Vec<Event> {
         let events: Api<Event> = self.ns.api();
         events
@@ -1017,11 +1051,11 @@ async fn without_grant(fixture: &Fixture<'_>, roles: &ChartRoles, n: usize, g: G
         }
         Need::Placing(s) => {
             s.create(&t).await;
-            let event = t.event(s.pod(), "FailedScheduling", &refused).await;
+            let told = t.failure_told(s.pod(), &refused).await;
             if !s.may_recover() {
                 assert!(t.unbound(s.pod()).await, "{g}: {} placed", s.pod());
             }
-            format!("{}: {}", s.pod(), event.note.unwrap_or_default())
+            format!("{}: {told}", s.pod())
         }
         Need::Events(s) => {
             s.create(&t).await;
