@@ -56,7 +56,7 @@ use self::health::{Health, LONG_LANES, Lane};
 use self::leader::{Candidate, Fence};
 use self::metrics::Metrics;
 use self::preemption::Budgets;
-use self::queue::SchedulingQueue;
+use self::queue::{SchedulingQueue, Wake};
 
 /// The kinds the scheduler always watches; it schedules only once every kind it watches
 /// has synced (these, DeviceTaintRule where served, storage's and workloads' kinds).
@@ -1166,7 +1166,10 @@ impl Daemon {
                 continue;
             }
             if engine.claims_missing(&key).is_some() {
-                self.queue.gate(&key, now);
+                let wake = engine
+                    .claim_awaited(&key)
+                    .map_or(Wake::OwnUpdate, Wake::Claim);
+                self.queue.gate(&key, now, wake);
                 continue;
             }
             let in_flight = |k: &ObjectKey| self.book.in_flight.contains_key(k);
@@ -1179,7 +1182,7 @@ impl Daemon {
                     return Some(work);
                 }
                 Err(why) => {
-                    self.queue.gate(&key, now);
+                    self.queue.gate(&key, now, Wake::AnyChange);
                     self.group_waits.insert(key, why);
                 }
             }
@@ -2007,6 +2010,9 @@ fn apply(
                 Event::Init | Event::InitDone => None,
             };
             let changed = apply_claim(engine, informers, event);
+            if let Some(key) = &key {
+                queue.claim_changed(key);
+            }
             // The API server's copy replaced what was assumed for bindings still in flight
             // that use the claim (only those: one event per claim re-asserting every
             // placement in flight made a burst's cost grow with its square).

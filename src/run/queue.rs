@@ -6,11 +6,13 @@
 //!   [`UNSCHEDULABLE_RETRY`] (kube-scheduler's podMaxInUnschedulablePodsDuration), in
 //!   case an event that mattered was not recognised as such;
 //! - gated: a claim the pod names does not exist yet (kube-controller-manager creates claims
-//!   from templates just after the pod): no attempt, no event, until the pod or a claim
-//!   changes (kube-scheduler's PreEnqueue). One still gated after a while is reported.
+//!   from templates just after the pod): no attempt, no event, until the pod itself or
+//!   that claim changes (kube-scheduler's PreEnqueue, and DynamicResources' queueing hint
+//!   that only a pod's own claims wake it; see [`Wake`]). One still gated after a while
+//!   is reported.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use dra_engine::ObjectKey;
@@ -25,7 +27,23 @@ pub struct SchedulingQueue {
     active: BTreeSet<(Reverse<i32>, u64, ObjectKey)>,
     /// Where each known pod is: its priority, arrival number and attempts so far.
     pods: HashMap<ObjectKey, Entry>,
+    /// Gated pods by the claim they wait for ([`Wake::Claim`]).
+    awaiting: HashMap<ObjectKey, HashSet<ObjectKey>>,
     next: u64,
+}
+
+/// What wakes a gated pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wake {
+    /// Any change that may help an unschedulable pod (a PodGroup waiting for its members
+    /// or their claims).
+    AnyChange,
+    /// Only its own update: its claim from a template is not named in its status yet.
+    OwnUpdate,
+    /// An event about this claim, which does not exist yet, or its own update. A burst of
+    /// pods made from templates gates each pod until its claim appears: waking every
+    /// gated pod on every new claim made the burst's queue work grow with its square.
+    Claim(ObjectKey),
 }
 
 #[derive(Debug, Clone)]
@@ -50,8 +68,8 @@ enum Place {
     /// Since when.
     Unschedulable(Instant),
     InFlight,
-    /// Waiting for its claims (since [`Entry::gated_since`]).
-    Gated,
+    /// Waiting for its claims or its PodGroup (since [`Entry::gated_since`]).
+    Gated(Wake),
 }
 
 impl SchedulingQueue {
@@ -104,6 +122,29 @@ impl SchedulingQueue {
         if let Some(e) = self.pods.remove(key) {
             self.active
                 .remove(&(Reverse(e.priority), e.arrival, key.clone()));
+            self.stop_awaiting(key, &e.place);
+        }
+    }
+
+    /// Back to the active queue.
+    fn activate(
+        active: &mut BTreeSet<(Reverse<i32>, u64, ObjectKey)>,
+        key: &ObjectKey,
+        e: &mut Entry,
+    ) {
+        e.place = Place::Active;
+        active.insert((Reverse(e.priority), e.arrival, key.clone()));
+    }
+
+    /// A pod that waited for a claim (`place`) does not any more.
+    fn stop_awaiting(&mut self, key: &ObjectKey, place: &Place) {
+        if let Place::Gated(Wake::Claim(claim)) = place
+            && let Some(pods) = self.awaiting.get_mut(claim)
+        {
+            pods.remove(key);
+            if pods.is_empty() {
+                self.awaiting.remove(claim);
+            }
         }
     }
 
@@ -151,9 +192,7 @@ impl SchedulingQueue {
                 .iter()
                 .any(|p| *p == "InterPodAffinity" || *p == "PodTopologySpread");
             if matches!(e.place, Place::Unschedulable(_)) && hinted {
-                e.place = Place::Active;
-                self.active
-                    .insert((Reverse(e.priority), e.arrival, key.clone()));
+                Self::activate(&mut self.active, key, e);
             }
         }
     }
@@ -164,19 +203,34 @@ impl SchedulingQueue {
             if let Place::Unschedulable(since) = e.place
                 && now.saturating_duration_since(since) >= UNSCHEDULABLE_RETRY
             {
-                e.place = Place::Active;
-                self.active
-                    .insert((Reverse(e.priority), e.arrival, key.clone()));
+                Self::activate(&mut self.active, key, e);
             }
         }
     }
 
-    /// A claim the pod names does not exist yet: wait for it without an attempt.
-    pub fn gate(&mut self, key: &ObjectKey, now: Instant) {
-        if let Some(e) = self.pods.get_mut(key) {
-            // Popped again after a wake-up: keep when it started waiting.
-            e.gated_since.get_or_insert(now);
-            e.place = Place::Gated;
+    /// A claim the pod names does not exist yet, or its PodGroup is not ready: wait
+    /// without an attempt until `wake`.
+    pub fn gate(&mut self, key: &ObjectKey, now: Instant, wake: Wake) {
+        let Some(e) = self.pods.get_mut(key) else {
+            return;
+        };
+        // Popped again after a wake-up: keep when it started waiting.
+        e.gated_since.get_or_insert(now);
+        let old = std::mem::replace(&mut e.place, Place::Gated(wake.clone()));
+        self.stop_awaiting(key, &old);
+        if let Wake::Claim(claim) = wake {
+            self.awaiting.entry(claim).or_default().insert(key.clone());
+        }
+    }
+
+    /// The claim was created, changed or deleted: the pods gated until it exists try again.
+    pub fn claim_changed(&mut self, claim: &ObjectKey) {
+        for key in self.awaiting.remove(claim).into_iter().flatten() {
+            if let Some(e) = self.pods.get_mut(&key)
+                && e.place == Place::Gated(Wake::Claim(claim.clone()))
+            {
+                Self::activate(&mut self.active, &key, e);
+            }
         }
     }
 
@@ -188,7 +242,7 @@ impl SchedulingQueue {
     ) -> Vec<ObjectKey> {
         let mut due = Vec::new();
         for (key, e) in self.pods.iter_mut() {
-            if e.place == Place::Gated
+            if matches!(e.place, Place::Gated(_))
                 && !e.gate_told
                 && e.gated_since
                     .is_some_and(|since| now.saturating_duration_since(since) >= after(key))
@@ -212,22 +266,25 @@ impl SchedulingQueue {
     /// The pod itself changed (e.g. its generated claims were recorded in its status): if it
     /// waits as unschedulable, try it again.
     pub fn pod_updated(&mut self, key: &ObjectKey) {
-        if let Some(e) = self.pods.get_mut(key)
-            && matches!(e.place, Place::Unschedulable(_) | Place::Gated)
-        {
-            e.place = Place::Active;
-            self.active
-                .insert((Reverse(e.priority), e.arrival, key.clone()));
+        let Some(e) = self.pods.get_mut(key) else {
+            return;
+        };
+        if matches!(e.place, Place::Unschedulable(_) | Place::Gated(_)) {
+            let old = e.place.clone();
+            Self::activate(&mut self.active, key, e);
+            self.stop_awaiting(key, &old);
         }
     }
 
-    /// Something changed that could make unschedulable pods fit: try them again.
+    /// Something changed that could make unschedulable pods fit: try them again, and the
+    /// gated pods that any change wakes ([`Wake::AnyChange`]).
     pub fn cluster_changed(&mut self) {
         for (key, e) in self.pods.iter_mut() {
-            if matches!(e.place, Place::Unschedulable(_) | Place::Gated) {
-                e.place = Place::Active;
-                self.active
-                    .insert((Reverse(e.priority), e.arrival, key.clone()));
+            if matches!(
+                e.place,
+                Place::Unschedulable(_) | Place::Gated(Wake::AnyChange)
+            ) {
+                Self::activate(&mut self.active, key, e);
             }
         }
     }
@@ -238,9 +295,7 @@ impl SchedulingQueue {
             if let Place::Backoff(until) = e.place
                 && until <= now
             {
-                e.place = Place::Active;
-                self.active
-                    .insert((Reverse(e.priority), e.arrival, key.clone()));
+                Self::activate(&mut self.active, key, e);
             }
         }
     }
@@ -272,7 +327,7 @@ impl SchedulingQueue {
             match e.place {
                 Place::Backoff(_) => backoff += 1,
                 Place::Unschedulable(_) => unschedulable += 1,
-                Place::Gated => gated += 1,
+                Place::Gated(_) => gated += 1,
                 _ => {}
             }
         }
@@ -374,12 +429,17 @@ mod tests {
         let t0 = Instant::now();
         q.add(key("a"), 0);
         assert_eq!(q.pop(), Some(key("a")));
-        q.gate(&key("a"), t0);
+        q.gate(&key("a"), t0, Wake::Claim(key("a-gpu")));
         assert_eq!(q.pop(), None);
         assert_eq!(q.lengths(), (0, 0, 0, 1));
-        q.cluster_changed(); // e.g. a claim was created
+        q.claim_changed(&key("a-gpu"));
         assert_eq!(q.pop(), Some(key("a")));
-        q.gate(&key("a"), t0 + Duration::from_secs(5)); // still missing
+        // still missing
+        q.gate(
+            &key("a"),
+            t0 + Duration::from_secs(5),
+            Wake::Claim(key("a-gpu")),
+        );
         assert!(
             q.overdue_gated(t0 + Duration::from_secs(9), |_| Duration::from_secs(10))
                 .is_empty()
@@ -396,6 +456,44 @@ mod tests {
         );
         q.pod_updated(&key("a"));
         assert_eq!(q.pop(), Some(key("a")), "its own update wakes it");
+    }
+
+    #[test]
+    fn a_gated_pod_wakes_for_its_own_claim_and_update_not_for_others() {
+        let mut q = SchedulingQueue::default();
+        let t0 = Instant::now();
+        for k in ["a", "b", "c", "gang"] {
+            q.add(key(k), 0);
+            q.pop();
+        }
+        q.gate(&key("a"), t0, Wake::Claim(key("a-gpu")));
+        q.gate(&key("b"), t0, Wake::Claim(key("b-gpu")));
+        q.gate(&key("c"), t0, Wake::OwnUpdate);
+        q.gate(&key("gang"), t0, Wake::AnyChange);
+        q.claim_changed(&key("b-gpu"));
+        assert_eq!(
+            [q.pop(), q.pop()],
+            [Some(key("b")), None],
+            "only b's claim appeared"
+        );
+        q.cluster_changed();
+        assert_eq!(
+            [q.pop(), q.pop()],
+            [Some(key("gang")), None],
+            "a cluster change wakes the PodGroup's wait, not the pods waiting for a claim"
+        );
+        q.pod_updated(&key("c"));
+        q.pod_updated(&key("a"));
+        assert_eq!(
+            [q.pop(), q.pop(), q.pop()],
+            [Some(key("a")), Some(key("c")), None]
+        );
+        assert!(q.awaiting.is_empty(), "a woken pod waits for no claim");
+        q.claim_changed(&key("a-gpu"));
+        assert_eq!(q.pop(), None, "a pod that is not gated stays where it is");
+        q.gate(&key("a"), t0, Wake::Claim(key("a-gpu")));
+        q.remove(&key("a"));
+        assert!(q.awaiting.is_empty(), "a removed pod waits for nothing");
     }
 
     #[test]

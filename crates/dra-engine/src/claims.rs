@@ -19,6 +19,9 @@ pub struct ClaimsNotReady {
     pub message: String,
     /// A claim does not exist (yet), as opposed to existing in an unusable state.
     pub missing: bool,
+    /// The claim that does not exist, when the pod names it (`None` while the claim made
+    /// from a template is not named in the pod's status yet).
+    pub claim: Option<ObjectKey>,
 }
 
 /// The `reservedFor` entry of a pod.
@@ -168,6 +171,7 @@ pub fn named_of_pod(
             return Err(ClaimsNotReady {
                 message: format!("ResourceClaim {key} not found"),
                 missing: true,
+                claim: Some(key),
             });
         };
         check_usable(pod, pc, &key, claim)?;
@@ -188,6 +192,7 @@ fn claim_name(
         return Err(ClaimsNotReady {
             message: format!("pod claim {} names neither a claim nor a template", pc.name),
             missing: false,
+            claim: None,
         });
     };
     let statuses = pod
@@ -202,6 +207,7 @@ fn claim_name(
                 pc.name
             ),
             missing: true,
+            claim: None,
         }),
     }
 }
@@ -216,6 +222,7 @@ fn check_usable(
     let unusable = |message: String| ClaimsNotReady {
         message,
         missing: false,
+        claim: None,
     };
     if claim.metadata.deletion_timestamp.is_some() {
         return Err(unusable(format!("ResourceClaim {key} is being deleted")));

@@ -412,6 +412,13 @@ impl Engine {
         (!status.is_success()).then(|| status.message())
     }
 
+    /// The claim the pod names that does not exist yet, if one is why it waits (`None`
+    /// also while its claim made from a template is not named in its status yet).
+    pub fn claim_awaited(&self, pod_key: &ObjectKey) -> Option<ObjectKey> {
+        let pod = self.state.pods.get(pod_key)?;
+        crate::claims::named_of_pod(pod, &self.state).err()?.claim
+    }
+
     /// What PostFilter asks for after the pod did not fit: a claim of this unbound pod that
     /// is allocated but reserved for nobody else, to give back so the pod can be placed
     /// elsewhere (so does a restarted scheduler find claims it allocated for a pod it never

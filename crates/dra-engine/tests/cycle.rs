@@ -286,6 +286,39 @@ fn a_missing_claim_keeps_the_pod_waiting() {
         Some("ResourceClaim default/not-there not found"),
         "PreEnqueue keeps it waiting"
     );
+    assert_eq!(
+        e.claim_awaited(&key("p")),
+        Some(key("not-there")),
+        "what wakes it"
+    );
+    e.upsert_claim(claim("not-there"));
+    assert_eq!(e.claims_missing(&key("p")), None);
+    assert_eq!(e.claim_awaited(&key("p")), None);
+}
+
+#[test]
+fn a_pod_whose_template_claim_is_not_named_yet_waits_for_its_own_update() {
+    let mut from_template = pod("p", None, "1", 0);
+    from_template.spec.as_mut().unwrap().resource_claims = Some(vec![
+        serde_json::from_value(json!({"name": "gpu", "resourceClaimTemplateName": "one-gpu"}))
+            .unwrap(),
+    ]);
+    let e = engine(ClusterInput {
+        nodes: vec![node("n1", "8")],
+        pods: vec![from_template],
+        ..Default::default()
+    });
+    assert_eq!(
+        e.claims_missing(&key("p")).as_deref(),
+        Some(
+            "waiting for the ResourceClaim of pod claim gpu to be created from ResourceClaimTemplate one-gpu"
+        )
+    );
+    assert_eq!(
+        e.claim_awaited(&key("p")),
+        None,
+        "no claim to wait for by name"
+    );
 }
 
 #[test]

@@ -122,6 +122,7 @@ impl Plugin for DynamicResources {
             Err(ClaimsNotReady {
                 message,
                 missing: true,
+                ..
             }) => Status::unresolvable(message),
             _ => Status::success(),
         }
