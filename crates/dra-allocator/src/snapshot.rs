@@ -4,15 +4,17 @@
 //! depend on the node or the claims is computed here, once.
 
 use std::collections::BTreeMap;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hasher};
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use hashbrown::HashTable;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
     AllocationResult, Device, DeviceClass, DeviceTaint, DeviceTaintRule, ResourceSlice,
+    ResourceSliceSpec,
 };
 
 use crate::NumMap;
@@ -326,20 +328,108 @@ fn id_hash(seed: &foldhash::fast::RandomState, driver: &str, pool: &str, device:
     seed.hash_one((driver, pool, device))
 }
 
+/// Numbers for the JSON text of values (the rarer parts of a device's signature: the API
+/// types cannot be hashed), equal exactly when the texts are.
+#[derive(Default)]
+struct Texts {
+    ids: HashMap<String, u32>,
+    /// The text being looked up: written here, copied into `ids` only when it is new (was
+    /// a fresh `String` per device).
+    buf: Vec<u8>,
+}
+
+impl Texts {
+    fn id(&mut self, value: &impl serde::Serialize) -> u32 {
+        self.buf.clear();
+        if serde_json::to_writer(&mut self.buf, value).is_err() {
+            self.buf.clear();
+        }
+        let text = std::str::from_utf8(&self.buf).unwrap_or_default();
+        if let Some(&id) = self.ids.get(text) {
+            return id;
+        }
+        let id = self.ids.len() as u32;
+        self.ids.insert(text.to_owned(), id);
+        id
+    }
+}
+
+/// Numbers for the rarer fields of devices' signatures (counters, capacity with request
+/// policies, per-device placement, binding conditions): equal exactly when the fields are.
+/// A device is found by a hash of some of those fields and compared with the first device
+/// of that number field by field (was the fields' JSON text per device: serialising it was
+/// 11% of the profile samples of `Snapshot::new` in benchmark e, where every device
+/// consumes counters).
+#[derive(Default)]
+struct Rests<'a> {
+    /// The fields come from the API: a seeded hash, so collisions cost comparisons only.
+    seed: foldhash::fast::RandomState,
+    /// (hash, number).
+    table: HashTable<(u64, u32)>,
+    /// Per number, the first device that had it.
+    first: Vec<&'a Device>,
+}
+
+impl<'a> Rests<'a> {
+    fn id(&mut self, device: &'a Device) -> u32 {
+        let hash = self.hash(device);
+        let first = &self.first;
+        if let Some(&(_, id)) = self.table.find(hash, |&(h, id)| {
+            h == hash && same_rest(first[id as usize], device)
+        }) {
+            return id;
+        }
+        let id = self.first.len() as u32;
+        self.first.push(device);
+        self.table.insert_unique(hash, (hash, id), |&(h, _)| h);
+        id
+    }
+
+    /// A hash of the strings of the fields devices mostly differ in; [`same_rest`] decides.
+    fn hash(&self, device: &Device) -> u64 {
+        let mut h = self.seed.build_hasher();
+        for c in device.consumes_counters.iter().flatten() {
+            h.write(c.counter_set.as_bytes());
+            for (name, counter) in &c.counters {
+                h.write(name.as_bytes());
+                h.write(counter.value.0.as_bytes());
+            }
+        }
+        for (name, c) in device.capacity.iter().flatten() {
+            h.write(name.as_bytes());
+            h.write(c.value.0.as_bytes());
+        }
+        h.write(device.node_name.as_deref().unwrap_or_default().as_bytes());
+        h.finish()
+    }
+}
+
+/// Whether two devices agree on every field [`Rests`] numbers.
+fn same_rest(a: &Device, b: &Device) -> bool {
+    a.all_nodes == b.all_nodes
+        && a.binding_conditions == b.binding_conditions
+        && a.binding_failure_conditions == b.binding_failure_conditions
+        && a.binds_to_node == b.binds_to_node
+        && a.capacity == b.capacity
+        && a.consumes_counters == b.consumes_counters
+        && a.node_allocatable_resources == b.node_allocatable_resources
+        && a.node_name == b.node_name
+        && a.node_selector == b.node_selector
+}
+
 /// Everything but the name that makes two devices of one pool interchangeable, as numbers:
-/// the slice's placement, the CEL view, taints, and the rarer fields (counters, per-device
-/// placement, binding conditions, capacity policies) as text when present.
-fn signature(
-    texts: &mut HashMap<String, u32>,
+/// the slice's placement, the CEL view, taints (as text), and the rarer fields (counters,
+/// per-device placement, binding conditions, capacity policies) when present.
+fn signature<'a>(
+    texts: &mut Texts,
+    rests: &mut Rests<'a>,
     placement: u32,
     view: u32,
-    device: &Device,
+    device: &'a Device,
     taints: &[DeviceTaint],
 ) -> [u32; 4] {
-    let mut text = |t: String| {
-        let next = texts.len() as u32;
-        *texts.entry(t).or_insert(next)
-    };
+    // Every field of `Device` is named here, so a new one fails to compile until it is
+    // placed: in the view (what CEL sees), or compared by `same_rest`.
     let Device {
         name: _,
         attributes: _,
@@ -369,37 +459,43 @@ fn signature(
         || node_selector.is_some()
         || policies
     {
-        // The fields themselves, not a copy of the device without its name: equal text
-        // exactly when they are equal.
-        let rest = (
-            all_nodes,
-            binding_conditions,
-            binding_failure_conditions,
-            binds_to_node,
-            capacity,
-            consumes_counters,
-            node_allocatable_resources,
-            node_name,
-            node_selector,
-        );
-        text(serde_json::to_string(&rest).unwrap_or_default())
+        rests.id(device)
     } else {
         crate::intern::ABSENT
     };
     let taints = if taints.is_empty() {
         crate::intern::ABSENT
     } else {
-        text(
-            serde_json::to_string(
-                &taints
-                    .iter()
-                    .map(|t| (&t.key, &t.value, &t.effect))
-                    .collect::<Vec<_>>(),
-            )
-            .unwrap_or_default(),
-        )
+        let taints: Vec<_> = taints
+            .iter()
+            .map(|t| (&t.key, &t.value, &t.effect))
+            .collect();
+        texts.id(&taints)
     };
     [placement, view, rest, taints]
+}
+
+/// Where a slice's devices may be used, as [`signature`] compares it: driver, pool and,
+/// unless the slice selects nodes per device, its node name, `allNodes` and node selector.
+/// Borrowed from the slice and hashed as is (was JSON text per slice); only a node selector,
+/// whose API type cannot be hashed, is written as JSON text, equal exactly when it is equal.
+type PlacementKey<'a> = (
+    &'a str,
+    &'a str,
+    Option<(Option<&'a str>, Option<bool>, Option<String>)>,
+);
+
+fn placement_key(spec: &ResourceSliceSpec) -> PlacementKey<'_> {
+    let nodes = (!spec.per_device_node_selection.unwrap_or(false)).then(|| {
+        (
+            spec.node_name.as_deref(),
+            spec.all_nodes,
+            spec.node_selector
+                .as_ref()
+                .map(|s| serde_json::to_string(s).unwrap_or_default()),
+        )
+    });
+    (&spec.driver, &spec.pool.name, nodes)
 }
 
 fn parse_q(
@@ -491,10 +587,17 @@ impl Snapshot {
                 let capacity = d.capacity.as_ref().map_or(0, |c| c.len());
                 (n + 1, pairs + attributes + capacity)
             });
+        if interner.len() == 0 {
+            // A fresh cache: every device's values and view are new to it (a reused one
+            // mostly knows them already, and reserving again would only waste memory).
+            interner.reserve(n_devices, n_pairs);
+        }
         let mut buf = Vec::new();
         let mut view_pairs = Vec::with_capacity(n_pairs);
         let mut maps_node_resources = false;
-        let mut texts: HashMap<String, u32> = HashMap::new();
+        let mut texts = Texts::default();
+        let mut rests = Rests::default();
+        let mut placements: HashMap<PlacementKey<'_>, u32> = HashMap::with_capacity(slices.len());
         let mut devices = Vec::with_capacity(n_devices);
         let mut slice_devices = Vec::with_capacity(slices.len());
         let mut node_slices: HashMap<String, Vec<u32>> = HashMap::new();
@@ -503,7 +606,8 @@ impl Snapshot {
         let mut numa_values: Vec<crate::attr::AttrValue> = Vec::new();
         let mut shared_slices = Vec::new();
         // Keyed by the slices' own strings: copied once per pool, not once per slice.
-        let mut pool_slices_by_key: HashMap<(&str, &str), Vec<u32>> = HashMap::new();
+        let mut pool_slices_by_key: HashMap<(&str, &str), Vec<u32>> =
+            HashMap::with_capacity(slices.len());
         let mut numa_ids: HashMap<crate::attr::AttrValue, u32> = HashMap::new();
         let mut compat_slices: Vec<bool> = Vec::with_capacity(slices.len());
         let mut parsed: Vec<Parsed> = Vec::new();
@@ -515,20 +619,9 @@ impl Snapshot {
         for (si, slice) in slices.iter().enumerate() {
             let spec = &slice.spec;
             let start = devices.len() as u32;
-            let placement = if spec.per_device_node_selection.unwrap_or(false) {
-                (&spec.driver, &spec.pool.name, None)
-            } else {
-                (
-                    &spec.driver,
-                    &spec.pool.name,
-                    Some((&spec.node_name, &spec.all_nodes, &spec.node_selector)),
-                )
-            };
             let placement = {
-                let next = texts.len() as u32;
-                *texts
-                    .entry(serde_json::to_string(&placement).unwrap_or_default())
-                    .or_insert(next)
+                let next = placements.len() as u32;
+                *placements.entry(placement_key(spec)).or_insert(next)
             };
             for (di, device) in spec.devices.iter().flatten().enumerate() {
                 let mut taints = device.taints.clone().unwrap_or_default();
@@ -605,7 +698,9 @@ impl Snapshot {
                 };
                 let next = sigs.len() as u32;
                 let sym = *sigs
-                    .entry(signature(&mut texts, placement, view.id, device, &taints))
+                    .entry(signature(
+                        &mut texts, &mut rests, placement, view.id, device, &taints,
+                    ))
                     .or_insert(next);
                 devices.push(DeviceEntry {
                     slice: si as u32,
@@ -1604,12 +1699,21 @@ mod tests {
                 gpu("conditions")
                     .capacity("mem", "8")
                     .binding_conditions(&["ready"], &["failed"]),
+                // Twins of earlier devices, apart from them in the slice.
+                gpu("tainted-2")
+                    .capacity("mem", "8")
+                    .taint("k", "v", "NoSchedule"),
+                gpu("counters-2")
+                    .capacity("mem", "8")
+                    .consumes("set", &[("c", "1")]),
             ],
             None,
         );
         let sym: Vec<u32> = snap.devices.iter().map(|d| d.sym).collect();
         assert_eq!(sym[0], sym[1], "a and b differ in name only");
-        for (i, s) in sym.iter().enumerate().skip(2) {
+        assert_eq!(sym[2], sym[9], "equal taints");
+        assert_eq!(sym[6], sym[10], "equal counters");
+        for (i, s) in sym.iter().enumerate().take(9).skip(2) {
             assert!(
                 !sym[..i].contains(s),
                 "device {i} must not be interchangeable with an earlier one: {sym:?}"
