@@ -154,7 +154,7 @@ fn run_simulate(args: SimulateArgs) -> ExitCode {
 /// each thread that allocates under contention an arena of its own, up to eight per core,
 /// and memory freed in one arena is not reused by another: the daemon's runtime threads
 /// each decoded watch events into arenas of their own, and its peak RSS in benches/e2e
-/// was 5 to 9 MiB higher (of 100 to 133) than with one or two arenas. Called before the
+/// was 3 to 9 MiB higher (of 100 to 139) than with one or two arenas. Called before the
 /// runtime starts its threads.
 fn limit_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
