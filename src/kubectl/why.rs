@@ -764,15 +764,15 @@ fn missing(
 /// Whether the pod fits on `node` once `n` copies of the device `id` (free, untainted, on
 /// no shared counters) are added there, in a slice of their own, on a fork.
 fn fits_with_copies(engine: &Engine, pod_key: &ObjectKey, node: &str, id: &str, n: i64) -> bool {
-    let Some((slice, device)) = engine.state().slices.iter().find_map(|s| {
-        let d = s
-            .spec
-            .devices
-            .iter()
-            .flatten()
-            .find(|d| format!("{}/{}/{}", s.spec.driver, s.spec.pool.name, d.name) == id)?;
-        Some((s, d))
-    }) else {
+    let Some((slice, device)) =
+        engine.state().slices.iter().find_map(|s| {
+            let index =
+                s.spec.devices.iter().flatten().position(|d| {
+                    format!("{}/{}/{}", s.spec.driver, s.spec.pool.name, d.name) == id
+                })?;
+            Some((s, s.device(index)))
+        })
+    else {
         return false;
     };
     let pool = format!("kubectl-dra-missing-{node}");

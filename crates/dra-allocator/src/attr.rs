@@ -1,8 +1,6 @@
 //! Attribute values as constraints see them, and the `matchAttribute` / `distinctAttribute`
 //! bookkeeping (with the list-type rules when DRAListTypeAttributes is on).
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::resource::v1::DeviceAttribute;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -86,20 +84,15 @@ impl AttrValue {
 
 /// Looks an attribute up by its fully qualified name: first verbatim, then, when the domain
 /// is the device's driver, by the short name.
-pub(crate) fn lookup(
-    attributes: Option<&BTreeMap<String, DeviceAttribute>>,
-    driver: &str,
-    name: &str,
-) -> Option<AttrValue> {
-    let attributes = attributes?;
-    if let Some(a) = attributes.get(name) {
+pub(crate) fn lookup(maps: &crate::DeviceMaps, driver: &str, name: &str) -> Option<AttrValue> {
+    if let Some(a) = maps.attribute(name) {
         return AttrValue::from_api(a);
     }
     let (domain, short) = name.split_once('/')?;
     if domain != driver {
         return None;
     }
-    attributes.get(short).and_then(AttrValue::from_api)
+    maps.attribute(short).and_then(AttrValue::from_api)
 }
 
 /// The running state of one constraint while devices are added and removed (LIFO).

@@ -212,7 +212,8 @@ impl Interner {
         pairs: &mut Pairs,
         driver: &str,
         device: &Device,
-        previous: Option<&Device>,
+        maps: &crate::DeviceMaps,
+        previous: Option<&crate::DeviceMaps>,
     ) -> DeviceView {
         let previous = previous.filter(|p| std::ptr::from_ref(*p) as usize == self.last_device);
         let driver = match previous {
@@ -224,11 +225,10 @@ impl Interner {
         let last = std::mem::take(&mut self.last);
         // Position i of `previous`'s maps is `last[i]` (capacities after the attributes).
         let mut same_place = previous
-            .and_then(|p| p.attributes.as_ref())
-            .into_iter()
-            .flatten()
+            .map_or(&[][..], |p| &p.attributes)
+            .iter()
             .zip(&last);
-        for (k, a) in device.attributes.iter().flatten() {
+        for (k, a) in &maps.attributes {
             let pair = match same_place.next() {
                 Some(((pk, pa), &(name, value))) if pk == k => {
                     if pa == a {
@@ -249,11 +249,10 @@ impl Interner {
         }
         let attributes = pairs.len() - start;
         let mut same_place = previous
-            .and_then(|p| p.capacity.as_ref())
-            .into_iter()
-            .flatten()
+            .map_or(&[][..], |p| &p.capacity)
+            .iter()
             .zip(last.get(self.last_attributes..).unwrap_or_default());
-        for (k, c) in device.capacity.iter().flatten() {
+        for (k, c) in &maps.capacity {
             // CEL sees the quantity; the request policy is not visible to it.
             let pair = match same_place.next() {
                 Some(((pk, pc), &(name, value))) if pk == k && pc.value == c.value => (name, value),
@@ -271,7 +270,7 @@ impl Interner {
         last.extend_from_slice(&pairs[start..]);
         self.last = last;
         self.last_attributes = attributes;
-        self.last_device = std::ptr::from_ref(device) as usize;
+        self.last_device = std::ptr::from_ref(maps) as usize;
         self.last_driver = driver;
         let capacity = pairs.len() - start - attributes;
         pairs[start..start + attributes].sort_unstable();
@@ -380,7 +379,9 @@ mod tests {
         driver: &str,
         d: crate::build::DeviceBuilder,
     ) -> DeviceView {
-        i.device(&mut Vec::new(), pairs, driver, &d.build(), None)
+        let mut device = d.build();
+        let maps = crate::slice::DeviceMaps::take(&mut device);
+        i.device(&mut Vec::new(), pairs, driver, &device, &maps, None)
     }
 
     #[test]

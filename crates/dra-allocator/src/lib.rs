@@ -10,6 +10,9 @@
 //!   applied, and the devices already allocated or in flight ([`Snapshot::add_allocation`]).
 //!   Build it once per cluster change and share it (`&Snapshot`, `Arc<Snapshot>`) across
 //!   threads; per-pool indexes and a selector-result cache live inside.
+//! * [`Slice`] is a ResourceSlice as the snapshot (and the scheduler) keeps it: the API
+//!   object with each device's attribute and capacity maps moved out into sorted boxed
+//!   slices ([`DeviceMaps`]), about a third of the `BTreeMap`s' memory.
 //! * [`Allocator`] is built from a snapshot and one pod's unallocated claims. It resolves
 //!   classes and compiles selectors once; invalid claims, missing classes and CEL errors fail
 //!   here or in `allocate` with an [`AllocError`] for the whole attempt.
@@ -101,7 +104,7 @@
 //! };
 //! let snapshot = Snapshot::new(SnapshotInput {
 //!     classes: vec![class],
-//!     slices: vec![std::sync::Arc::new(slice)],
+//!     slices: vec![std::sync::Arc::new(slice.into())],
 //!     ..Default::default()
 //! });
 //! let allocator = Allocator::new(&snapshot, &[&claim]).unwrap();
@@ -133,6 +136,7 @@ mod plan;
 pub mod quantity;
 mod reads;
 mod search;
+mod slice;
 mod snapshot;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -146,6 +150,7 @@ pub use outcome::{
     Allocation, Explanation, Limits, Outcome, Quality, RequestExplanation, Resolved,
 };
 pub use plan::{MAX_RESULTS_PER_CLAIM, MAX_SUBREQUESTS};
+pub use slice::{DeviceMaps, Slice};
 pub use snapshot::{DeviceId, Features, SelectorCache, Snapshot, SnapshotInput};
 
 /// Maps and sets keyed by numbers this crate makes itself (no text from the API, so no

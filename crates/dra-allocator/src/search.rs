@@ -54,7 +54,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceTaint, DeviceToleration};
+use k8s_openapi::api::resource::v1::{DeviceTaint, DeviceToleration};
 
 use crate::attr::{AttrValue, ConstraintState, lookup};
 use crate::capacity::consumption;
@@ -68,10 +68,6 @@ use crate::snapshot::{NUMA_ATTRIBUTE, PoolInfo, PoolState, Snapshot, device_node
 use crate::{NumMap, NumSet};
 
 const MEMO_LIMIT: usize = 1 << 20;
-
-static EMPTY_ATTRS: BTreeMap<String, DeviceAttribute> = BTreeMap::new();
-static EMPTY_CAPS: BTreeMap<String, k8s_openapi::api::resource::v1::DeviceCapacity> =
-    BTreeMap::new();
 
 /// A device as this node sees it.
 struct Dev {
@@ -481,8 +477,8 @@ impl<'a> NodeRun<'a> {
                             .numa
                             .map(|v| snap.numa_value(v).clone());
                     }
-                    let (slice, device) = snap.device(d.entry);
-                    lookup(device.attributes.as_ref(), &slice.spec.driver, &c.attribute)
+                    let (slice, _) = snap.device(d.entry);
+                    lookup(snap.maps(d.entry), &slice.spec.driver, &c.attribute)
                 }));
                 states.push(ConstraintState::new(c.kind));
             }
@@ -607,15 +603,7 @@ impl<'a> NodeRun<'a> {
 
     fn selects(&self, r: &ReqPlan, d: &Dev) -> Result<(bool, bool), AllocError> {
         // The device itself is read only when a result is not cached.
-        let dref = || {
-            let (slice, device) = self.snap.device(d.entry);
-            dra_cel::DeviceRef {
-                driver: &slice.spec.driver,
-                attributes: device.attributes.as_ref().unwrap_or(&EMPTY_ATTRS),
-                capacity: device.capacity.as_ref().unwrap_or(&EMPTY_CAPS),
-                allow_multiple_allocations: device.allow_multiple_allocations.unwrap_or(false),
-            }
-        };
+        let dref = || self.snap.device_ref(d.entry);
         let id = || self.snap.device_id(d.entry);
         let eval = |sels: &[crate::plan::CompiledSelector], ctx: &dyn Fn(usize) -> String| {
             for (i, s) in sels.iter().enumerate() {
@@ -1536,14 +1524,8 @@ impl<'a> NodeRun<'a> {
             context: context("compile"),
             source: e.clone(),
         })?;
-        let (slice, device) = self.snap.device(entry);
         let evaluated = compiled
-            .attribute(dra_cel::DeviceRef {
-                driver: &slice.spec.driver,
-                attributes: device.attributes.as_ref().unwrap_or(&EMPTY_ATTRS),
-                capacity: device.capacity.as_ref().unwrap_or(&EMPTY_CAPS),
-                allow_multiple_allocations: device.allow_multiple_allocations.unwrap_or(false),
-            })
+            .attribute(self.snap.device_ref(entry))
             .map_err(|e| AllocError::Cel {
                 context: format!(
                     "{} on device {}",
@@ -2202,8 +2184,8 @@ mod tests {
                     devices = devices.device(d);
                 }
             }
-            slices.push(Arc::new(counters.build()));
-            slices.push(Arc::new(devices.build()));
+            slices.push(Arc::new(counters.build().into()));
+            slices.push(Arc::new(devices.build().into()));
         }
         let mut claims = Vec::new();
         for c in 0..rng.range(1, 2) {

@@ -17,11 +17,11 @@ use k8s_openapi::api::resource::v1::{
     ResourceSliceSpec,
 };
 
-use crate::NumMap;
 use crate::error::AllocError;
 use crate::intern::ReadIds;
 use crate::nodesel::node_matches;
 use crate::quantity::Quantity;
+use crate::{DeviceMaps, NumMap};
 
 /// Which DRA features are on. `Default` is Kubernetes 1.37's defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,7 +101,7 @@ pub struct SnapshotInput {
     pub classes: Vec<DeviceClass>,
     /// Shared with the caller, not copied: a scheduler keeps its informer's slices and
     /// rebuilds snapshots from them without cloning every device.
-    pub slices: Vec<Arc<ResourceSlice>>,
+    pub slices: Vec<Arc<crate::Slice>>,
     pub taint_rules: Vec<DeviceTaintRule>,
     /// `status.allocation` of every allocated claim, plus in-flight (assumed) allocations.
     pub allocations: Vec<AllocationResult>,
@@ -271,7 +271,7 @@ pub struct Snapshot {
     pub(crate) features: Features,
     pub(crate) cache: Arc<SelectorCache>,
     classes: HashMap<String, DeviceClass>,
-    pub(crate) slices: Vec<Arc<ResourceSlice>>,
+    pub(crate) slices: Vec<Arc<crate::Slice>>,
     pub(crate) devices: Vec<DeviceEntry>,
     /// What [`DeviceEntry::parsed`] numbers.
     parsed: Vec<Parsed>,
@@ -367,11 +367,11 @@ struct Rests<'a> {
     /// (hash, number).
     table: HashTable<(u64, u32)>,
     /// Per number, the first device that had it.
-    first: Vec<&'a Device>,
+    first: Vec<(&'a Device, &'a DeviceMaps)>,
 }
 
 impl<'a> Rests<'a> {
-    fn id(&mut self, device: &'a Device) -> u32 {
+    fn id(&mut self, device: (&'a Device, &'a DeviceMaps)) -> u32 {
         let hash = self.hash(device);
         let first = &self.first;
         if let Some(&(_, id)) = self.table.find(hash, |&(h, id)| {
@@ -386,7 +386,7 @@ impl<'a> Rests<'a> {
     }
 
     /// A hash of the strings of the fields devices mostly differ in; [`same_rest`] decides.
-    fn hash(&self, device: &Device) -> u64 {
+    fn hash(&self, (device, maps): (&Device, &DeviceMaps)) -> u64 {
         let mut h = self.seed.build_hasher();
         for c in device.consumes_counters.iter().flatten() {
             h.write(c.counter_set.as_bytes());
@@ -395,7 +395,7 @@ impl<'a> Rests<'a> {
                 h.write(counter.value.0.as_bytes());
             }
         }
-        for (name, c) in device.capacity.iter().flatten() {
+        for (name, c) in &maps.capacity {
             h.write(name.as_bytes());
             h.write(c.value.0.as_bytes());
         }
@@ -405,12 +405,12 @@ impl<'a> Rests<'a> {
 }
 
 /// Whether two devices agree on every field [`Rests`] numbers.
-fn same_rest(a: &Device, b: &Device) -> bool {
+fn same_rest((a, a_maps): (&Device, &DeviceMaps), (b, b_maps): (&Device, &DeviceMaps)) -> bool {
     a.all_nodes == b.all_nodes
         && a.binding_conditions == b.binding_conditions
         && a.binding_failure_conditions == b.binding_failure_conditions
         && a.binds_to_node == b.binds_to_node
-        && a.capacity == b.capacity
+        && a_maps.capacity == b_maps.capacity
         && a.consumes_counters == b.consumes_counters
         && a.node_allocatable_resources == b.node_allocatable_resources
         && a.node_name == b.node_name
@@ -425,11 +425,12 @@ fn signature<'a>(
     rests: &mut Rests<'a>,
     placement: u32,
     view: u32,
-    device: &'a Device,
+    (device, maps): (&'a Device, &'a DeviceMaps),
     taints: &[DeviceTaint],
 ) -> [u32; 4] {
     // Every field of `Device` is named here, so a new one fails to compile until it is
-    // placed: in the view (what CEL sees), or compared by `same_rest`.
+    // placed: in the view (what CEL sees), or compared by `same_rest`. The attributes and
+    // capacity are in `maps` (see [`crate::Slice`]).
     let Device {
         name: _,
         attributes: _,
@@ -439,15 +440,15 @@ fn signature<'a>(
         binding_conditions,
         binding_failure_conditions,
         binds_to_node,
-        capacity,
+        capacity: _,
         consumes_counters,
         node_allocatable_resources,
         node_name,
         node_selector,
     } = device;
-    let policies = capacity
+    let policies = maps
+        .capacity
         .iter()
-        .flatten()
         .any(|(_, c)| c.request_policy.is_some());
     let rest = if all_nodes.is_some()
         || binding_conditions.is_some()
@@ -459,7 +460,7 @@ fn signature<'a>(
         || node_selector.is_some()
         || policies
     {
-        rests.id(device)
+        rests.id((device, maps))
     } else {
         crate::intern::ABSENT
     };
@@ -504,9 +505,9 @@ fn parse_q(
     Quantity::from_openapi(q).map_err(|e| e.to_string())
 }
 
-fn parse_capacity(device: &Device) -> Result<Vec<Capacity>, String> {
+fn parse_capacity(maps: &DeviceMaps) -> Result<Vec<Capacity>, String> {
     let mut out = Vec::new();
-    for (name, cap) in device.capacity.iter().flatten() {
+    for (name, cap) in &maps.capacity {
         let policy = cap.request_policy.as_ref();
         let range = match policy.and_then(|p| p.valid_range.as_ref()) {
             Some(r) => Some((
@@ -581,11 +582,9 @@ impl Snapshot {
         // would copy them over and over.
         let (n_devices, n_pairs) = slices
             .iter()
-            .flat_map(|s| s.spec.devices.iter().flatten())
-            .fold((0, 0), |(n, pairs), d| {
-                let attributes = d.attributes.as_ref().map_or(0, |a| a.len());
-                let capacity = d.capacity.as_ref().map_or(0, |c| c.len());
-                (n + 1, pairs + attributes + capacity)
+            .flat_map(|s| s.devices())
+            .fold((0, 0), |(n, pairs), (_, maps)| {
+                (n + 1, pairs + maps.attributes.len() + maps.capacity.len())
             });
         if interner.len() == 0 {
             // A fresh cache: every device's values and view are new to it (a reused one
@@ -615,7 +614,7 @@ impl Snapshot {
         // value number met under it.
         let mut numa_key: Option<u32> = None;
         let mut numa_by_value: NumMap<u32, Option<u32>> = NumMap::default();
-        let mut previous: Option<&Device> = None;
+        let mut previous: Option<(&Device, &DeviceMaps)> = None;
         for (si, slice) in slices.iter().enumerate() {
             let spec = &slice.spec;
             let start = devices.len() as u32;
@@ -623,19 +622,20 @@ impl Snapshot {
                 let next = placements.len() as u32;
                 *placements.entry(placement_key(spec)).or_insert(next)
             };
-            for (di, device) in spec.devices.iter().flatten().enumerate() {
+            for (di, (device, maps)) in slice.devices().enumerate() {
                 let mut taints = device.taints.clone().unwrap_or_default();
                 for rule in &taint_rules {
                     if rule_matches(rule, &spec.driver, &spec.pool.name, &device.name) {
                         taints.push(rule.spec.taint.clone());
                     }
                 }
-                let same = previous.is_some_and(|p: &Device| {
-                    p.capacity == device.capacity && p.consumes_counters == device.consumes_counters
+                let same = previous.is_some_and(|(p, p_maps)| {
+                    p_maps.capacity == maps.capacity
+                        && p.consumes_counters == device.consumes_counters
                 });
                 if !same {
                     let (capacity, counters, broken) =
-                        match (parse_capacity(device), parse_counters(device)) {
+                        match (parse_capacity(maps), parse_counters(device)) {
                             (Ok(c), Ok(k)) => (c, k, None),
                             (Err(e), _) | (_, Err(e)) => (Vec::new(), Vec::new(), Some(e)),
                         };
@@ -655,9 +655,15 @@ impl Snapshot {
                     .node_allocatable_resources
                     .as_ref()
                     .is_some_and(|m| !m.is_empty());
-                let in_slice = previous.filter(|_| di > 0);
-                let view =
-                    interner.device(&mut buf, &mut view_pairs, &spec.driver, device, in_slice);
+                let in_slice = previous.filter(|_| di > 0).map(|(_, m)| m);
+                let view = interner.device(
+                    &mut buf,
+                    &mut view_pairs,
+                    &spec.driver,
+                    device,
+                    maps,
+                    in_slice,
+                );
                 let mut numa_of = |v: crate::attr::AttrValue| match numa_ids.get(&v) {
                     Some(&id) => id,
                     None => {
@@ -667,9 +673,7 @@ impl Snapshot {
                         id
                     }
                 };
-                let lookup = || {
-                    crate::attr::lookup(device.attributes.as_ref(), &spec.driver, NUMA_ATTRIBUTE)
-                };
+                let lookup = || crate::attr::lookup(maps, &spec.driver, NUMA_ATTRIBUTE);
                 let numa = if spec.driver == NUMA_DOMAIN {
                     // The unqualified `numaNode` counts too.
                     lookup().map(&mut numa_of)
@@ -699,7 +703,12 @@ impl Snapshot {
                 let next = sigs.len() as u32;
                 let sym = *sigs
                     .entry(signature(
-                        &mut texts, &mut rests, placement, view.id, device, &taints,
+                        &mut texts,
+                        &mut rests,
+                        placement,
+                        view.id,
+                        (device, maps),
+                        &taints,
                     ))
                     .or_insert(next);
                 devices.push(DeviceEntry {
@@ -715,7 +724,7 @@ impl Snapshot {
                     sel_value: AtomicU64::new(0),
                     taints,
                 });
-                previous = Some(device);
+                previous = Some((device, maps));
             }
             slice_devices.push((start, devices.len() as u32));
             // DRADeviceCompatibilityGroups is off in 1.37: such slices are ignored (their pool
@@ -1015,6 +1024,18 @@ impl Snapshot {
             slice,
             &slice.spec.devices.as_ref().expect("entry exists")[e.index as usize],
         )
+    }
+
+    /// The attributes and capacity of a device entry (not in its API object: see [`crate::Slice`]).
+    pub(crate) fn maps(&self, entry: u32) -> &crate::DeviceMaps {
+        let e = &self.devices[entry as usize];
+        self.slices[e.slice as usize].maps(e.index as usize)
+    }
+
+    /// What CEL sees of a device entry.
+    pub(crate) fn device_ref(&self, entry: u32) -> dra_cel::DeviceRef<'_> {
+        let (slice, device) = self.device(entry);
+        self.maps(entry).device_ref(&slice.spec.driver, device)
     }
 
     pub(crate) fn device_id(&self, entry: u32) -> DeviceId {
@@ -1661,7 +1682,8 @@ mod tests {
                     .pool("p", 1, 1)
                     .node("n")
                     .devices(devices)
-                    .build(),
+                    .build()
+                    .into(),
             )],
             selector_cache: cache,
             ..Default::default()

@@ -13,8 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dra_allocator::{Snapshot, SnapshotInput};
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use dra_allocator::{Slice, Snapshot, SnapshotInput};
 
 /// How a pod's time is taken.
 #[derive(Clone, Copy, PartialEq)]
@@ -31,7 +30,7 @@ enum Mode {
 
 /// `Snapshot::new` for the case, given its slices as the engine holds them (shared): what
 /// the daemon pays, without the test's copy of every slice.
-fn build(case: &common::Case, slices: &[Arc<ResourceSlice>]) -> Snapshot {
+fn build(case: &common::Case, slices: &[Arc<Slice>]) -> Snapshot {
     Snapshot::new(SnapshotInput {
         classes: case.classes.clone(),
         slices: slices.to_vec(),
@@ -42,9 +41,17 @@ fn build(case: &common::Case, slices: &[Arc<ResourceSlice>]) -> Snapshot {
     })
 }
 
+/// The case's slices as the engine holds them: received once, shared by every snapshot.
+fn shared_slices(case: &common::Case) -> Vec<Arc<Slice>> {
+    case.slices
+        .iter()
+        .map(|s| Arc::new(s.clone().into()))
+        .collect()
+}
+
 /// Best of `runs` pods.
 fn our_time(case: &common::Case, runs: u32, mode: Mode) -> (Duration, usize) {
-    let slices: Vec<Arc<ResourceSlice>> = case.slices.iter().cloned().map(Arc::new).collect();
+    let slices = shared_slices(case);
     let mut snap = case.snapshot();
     let mut fits = 0;
     let mut best = Duration::MAX;
@@ -128,7 +135,7 @@ fn snapshot_new_loop_for_profiling() {
         .find(|(name, _)| name.starts_with(&want))
         .unwrap();
     let case = make();
-    let slices: Vec<Arc<ResourceSlice>> = case.slices.iter().cloned().map(Arc::new).collect();
+    let slices = shared_slices(&case);
     let runs: u32 = std::env::var("RUNS").map_or(100, |r| r.parse().unwrap());
     // `POD=1`: each snapshot also schedules the case's pod, as "cold with Snapshot::new".
     let pod = std::env::var("POD").is_ok_and(|p| p == "1");

@@ -60,7 +60,11 @@ impl World {
     fn snapshot(self) -> Snapshot {
         Snapshot::new(SnapshotInput {
             classes: self.classes.into_iter().map(ClassBuilder::build).collect(),
-            slices: self.slices.into_iter().map(Arc::new).collect(),
+            slices: self
+                .slices
+                .into_iter()
+                .map(|s| Arc::new(s.into()))
+                .collect(),
             taint_rules: self.rules,
             allocations: self.allocated,
             features: Default::default(),
@@ -1133,7 +1137,11 @@ fn list_attributes_match_by_intersection_when_the_feature_is_on() {
     );
     let snap = Snapshot::new(SnapshotInput {
         classes: world.classes.into_iter().map(ClassBuilder::build).collect(),
-        slices: world.slices.into_iter().map(Arc::new).collect(),
+        slices: world
+            .slices
+            .into_iter()
+            .map(|s| Arc::new(s.into()))
+            .collect(),
         features: dra_allocator::Features {
             list_type_attributes: true,
             ..Default::default()
@@ -1264,7 +1272,7 @@ fn selector_results_survive_a_snapshot_rebuild() {
     let w = two_drivers();
     let second = Snapshot::new(SnapshotInput {
         classes: w.classes.into_iter().map(ClassBuilder::build).collect(),
-        slices: w.slices.into_iter().map(Arc::new).collect(),
+        slices: w.slices.into_iter().map(|s| Arc::new(s.into())).collect(),
         selector_cache: Some(first.selector_cache()),
         ..Default::default()
     });

@@ -60,6 +60,10 @@ fn gpu() -> (
 
 fn bench(c: &mut Criterion) {
     let (attributes, capacity) = gpu();
+    let (attributes, capacity) = (
+        dra_cel::sorted(Some(attributes)),
+        dra_cel::sorted(Some(capacity)),
+    );
     let device = DeviceRef {
         driver: "gpu.example.com",
         attributes: &attributes,

@@ -55,6 +55,10 @@ fn main() {
             ..Default::default()
         },
     )]);
+    let (attributes, capacity) = (
+        dra_cel::sorted(Some(attributes)),
+        dra_cel::sorted(Some(capacity)),
+    );
     let device = DeviceRef {
         driver: "gpu.example.com",
         attributes: &attributes,

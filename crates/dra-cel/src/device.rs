@@ -13,8 +13,7 @@
 //! whichever its map iteration meets last (at random), here the unqualified one wins, and
 //! sizes count the name once.
 
-use std::collections::{BTreeMap, HashMap};
-use std::ops::Bound;
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use cel::ExecutionError;
@@ -52,22 +51,23 @@ fn split_name<'a>(driver: &'a str, key: &'a str) -> (&'a str, &'a str) {
     }
 }
 
+/// The entries of `map` (sorted by name) whose names start with `domain`.
+fn from_domain<'a, T>(map: &'a [(String, T)], domain: &str) -> &'a [(String, T)] {
+    let start = map.partition_point(|(k, _)| k.as_str() < domain);
+    let rest = &map[start..];
+    &rest[..rest.partition_point(|(k, _)| k.starts_with(domain))]
+}
+
 /// The entry `domain`/`id` of `map`, without building the qualified name.
-fn find<'a, T>(
-    map: &'a BTreeMap<String, T>,
-    driver: &str,
-    domain: &str,
-    id: &str,
-) -> Option<&'a T> {
+fn find<'a, T>(map: &'a [(String, T)], driver: &str, domain: &str, id: &str) -> Option<&'a T> {
     if domain == driver
         && !id.contains('/')
-        && let Some(v) = map.get(id)
+        && let Ok(i) = map.binary_search_by(|(k, _)| k.as_str().cmp(id))
     {
-        return Some(v);
+        return Some(&map[i].1);
     }
-    // Keys starting with `domain` are contiguous in the sorted map.
-    map.range::<str, _>((Bound::Included(domain), Bound::Unbounded))
-        .take_while(|(k, _)| k.starts_with(domain))
+    from_domain(map, domain)
+        .iter()
         .find(|(k, _)| {
             k.as_bytes().get(domain.len()) == Some(&b'/') && &k[domain.len() + 1..] == id
         })
@@ -75,18 +75,14 @@ fn find<'a, T>(
 }
 
 /// `domain` as borrowed from the device data, if any entry is in it.
-fn known_domain<'a, T>(
-    map: &'a BTreeMap<String, T>,
-    driver: &'a str,
-    domain: &str,
-) -> Option<&'a str> {
-    let qualified = map
-        .range::<str, _>((Bound::Included(domain), Bound::Unbounded))
-        .take_while(|(k, _)| k.starts_with(domain))
+fn known_domain<'a, T>(map: &'a [(String, T)], driver: &'a str, domain: &str) -> Option<&'a str> {
+    let qualified = from_domain(map, domain)
+        .iter()
         .find(|(k, _)| k.as_bytes().get(domain.len()) == Some(&b'/'))
         .map(|(k, _)| &k[..domain.len()]);
-    qualified
-        .or_else(|| (domain == driver && map.keys().any(|k| !k.contains('/'))).then_some(driver))
+    qualified.or_else(|| {
+        (domain == driver && map.iter().any(|(k, _)| !k.contains('/'))).then_some(driver)
+    })
 }
 
 fn entries<'a>(
@@ -507,3 +503,55 @@ macro_rules! map_view_val {
 
 map_view_val!(DomainsView);
 map_view_val!(DomainView);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Names sorted as a ResourceSlice's map is: `a.example.com.b/x` comes before
+    /// `a.example.com/x` ('.' sorts before '/'), so a domain's names are found among all
+    /// names that start with it.
+    fn entries() -> Vec<(String, i32)> {
+        let mut entries: Vec<(String, i32)> = [
+            ("a.example.com/x", 1),
+            ("a.example.com.b/x", 2),
+            ("x", 3),
+            ("a.example.com/y", 4),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .to_vec();
+        entries.sort();
+        entries
+    }
+
+    #[test]
+    fn names_are_found_by_domain_and_id_in_the_sorted_entries() {
+        let e = entries();
+        assert_eq!(find(&e, "drv", "a.example.com", "x"), Some(&1));
+        assert_eq!(find(&e, "drv", "a.example.com", "y"), Some(&4));
+        assert_eq!(find(&e, "drv", "a.example.com.b", "x"), Some(&2));
+        assert_eq!(
+            find(&e, "drv", "drv", "x"),
+            Some(&3),
+            "unqualified: the driver's"
+        );
+        assert_eq!(find(&e, "drv", "a.example", "x"), None);
+        assert_eq!(find(&e, "drv", "a.example.com", "z"), None);
+    }
+
+    #[test]
+    fn a_domain_is_known_when_a_name_is_in_it() {
+        let e = entries();
+        assert_eq!(
+            known_domain(&e, "drv", "a.example.com"),
+            Some("a.example.com")
+        );
+        assert_eq!(
+            known_domain(&e, "drv", "a.example.com.b"),
+            Some("a.example.com.b")
+        );
+        assert_eq!(known_domain(&e, "drv", "a.example"), None);
+        assert_eq!(known_domain(&e, "drv", "drv"), Some("drv"));
+        assert_eq!(known_domain(&e[..0], "drv", "drv"), None);
+    }
+}

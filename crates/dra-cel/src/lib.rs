@@ -21,14 +21,14 @@
 //!                 device.capacity["gpu.example.com"].memory.isGreaterThan(quantity("40Gi"))"#)
 //!     .unwrap();
 //!
-//! let attributes = BTreeMap::from([(
+//! let attributes = dra_cel::sorted(Some(BTreeMap::from([(
 //!     "memoryGiB".to_string(),
 //!     DeviceAttribute { int: Some(80), ..Default::default() },
-//! )]);
-//! let capacity = BTreeMap::from([(
+//! )])));
+//! let capacity = dra_cel::sorted(Some(BTreeMap::from([(
 //!     "memory".to_string(),
 //!     DeviceCapacity { value: Quantity("80Gi".into()), ..Default::default() },
-//! )]);
+//! )])));
 //! let device = DeviceRef {
 //!     driver: "gpu.example.com",
 //!     attributes: &attributes,
@@ -154,9 +154,19 @@ pub struct Options {
 pub struct DeviceRef<'a> {
     /// The driver of the slice the device is in; also the domain of unqualified attributes.
     pub driver: &'a str,
-    pub attributes: &'a BTreeMap<String, DeviceAttribute>,
-    pub capacity: &'a BTreeMap<String, DeviceCapacity>,
+    /// The device's attributes, sorted by name as the API's map is (see [`sorted`]).
+    pub attributes: &'a [(String, DeviceAttribute)],
+    /// The device's capacity, sorted by name.
+    pub capacity: &'a [(String, DeviceCapacity)],
     pub allow_multiple_allocations: bool,
+}
+
+/// A device's attribute or capacity map as [`DeviceRef`] reads it: one allocation of
+/// `(name, value)` pairs, sorted by name. A `BTreeMap` leaf has room for eleven entries
+/// however few it holds, so a device's two maps take several kilobytes; this takes what
+/// its entries need.
+pub fn sorted<T>(map: Option<BTreeMap<String, T>>) -> Box<[(String, T)]> {
+    map.into_iter().flatten().collect()
 }
 
 /// What went wrong, by kind.

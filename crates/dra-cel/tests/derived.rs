@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use dra_cel::{CelErrorKind, DeviceRef, Environment};
-use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceCapacity};
+use k8s_openapi::api::resource::v1::DeviceAttribute;
 
 fn attributes() -> BTreeMap<String, DeviceAttribute> {
     let mut a = BTreeMap::new();
@@ -28,11 +28,11 @@ fn attributes() -> BTreeMap<String, DeviceAttribute> {
 fn eval(expression: &str) -> Result<DeviceAttribute, dra_cel::CelError> {
     let env = Environment::default();
     let attrs = attributes();
-    let capacity: BTreeMap<String, DeviceCapacity> = BTreeMap::new();
+    let attrs = dra_cel::sorted(Some(attrs));
     let device = DeviceRef {
         driver: "gpu.example.com",
         attributes: &attrs,
-        capacity: &capacity,
+        capacity: &[],
         allow_multiple_allocations: false,
     };
     env.compile_derived(expression)?.attribute(device)

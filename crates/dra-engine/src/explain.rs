@@ -10,9 +10,10 @@
 //! It decides nothing and changes nothing: whether a pod fits is the scheduling cycle's
 //! answer ([`crate::Engine::evaluate`]); this is what a person reads next to it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
-use dra_cel::{DeviceRef, Environment, Quantity};
+use dra_allocator::DeviceMaps;
+use dra_cel::{Environment, Quantity};
 use k8s_openapi::api::resource::v1::{Device, DeviceSelector, DeviceToleration, ResourceClaim};
 
 use crate::inventory::{DeviceInfo, Inventory};
@@ -156,7 +157,7 @@ impl Entry<'_> {
         claim: &ObjectKey,
         env: &Environment,
         inventory: &Inventory,
-        by_id: &HashMap<String, (&str, &Device)>,
+        by_id: &HashMap<String, (&str, &Device, &DeviceMaps)>,
         counters: &Counters,
     ) -> RequestDevices {
         let selectors: Vec<String> = self
@@ -169,17 +170,10 @@ impl Entry<'_> {
             if !info.classes.iter().any(|c| c == self.class) {
                 continue;
             }
-            let Some((driver, device)) = by_id.get(&info.id()) else {
+            let Some((driver, device, maps)) = by_id.get(&info.id()) else {
                 continue;
             };
-            let empty_attributes = BTreeMap::new();
-            let empty_capacity = BTreeMap::new();
-            let device_ref = DeviceRef {
-                driver,
-                attributes: device.attributes.as_ref().unwrap_or(&empty_attributes),
-                capacity: device.capacity.as_ref().unwrap_or(&empty_capacity),
-                allow_multiple_allocations: device.allow_multiple_allocations.unwrap_or(false),
-            };
+            let device_ref = maps.device_ref(driver, device);
             let rejected_by = selectors.iter().enumerate().find_map(|(i, expression)| {
                 match env.compile(expression).and_then(|s| s.matches(device_ref)) {
                     Ok(true) => None,
@@ -189,7 +183,7 @@ impl Entry<'_> {
             });
             let mut reads = Vec::new();
             for expression in &selectors {
-                for (name, value) in values_read(expression, driver, device) {
+                for (name, value) in values_read(expression, driver, maps) {
                     if !reads.iter().any(|(n, _)| *n == name) {
                         reads.push((name, value));
                     }
@@ -235,7 +229,7 @@ pub fn short_counters(state: &ClusterState, inventory: &Inventory) -> Vec<Vec<Co
         .devices
         .iter()
         .map(|info| match (&info.claim, devices.get(&info.id())) {
-            (None, Some((_, device))) => counters.short(info, device),
+            (None, Some((_, device, _))) => counters.short(info, device),
             _ => Vec::new(),
         })
         .collect()
@@ -250,7 +244,10 @@ struct Counters {
 }
 
 impl Counters {
-    fn of(inventory: &Inventory, by_id: &HashMap<String, (&str, &Device)>) -> Counters {
+    fn of(
+        inventory: &Inventory,
+        by_id: &HashMap<String, (&str, &Device, &DeviceMaps)>,
+    ) -> Counters {
         let left = inventory
             .counters
             .iter()
@@ -266,7 +263,8 @@ impl Counters {
             .collect();
         let mut users: HashMap<_, Vec<usize>> = HashMap::new();
         for (index, info) in inventory.devices.iter().enumerate() {
-            let Some((_, device)) = by_id.get(&info.id()).filter(|_| info.claim.is_some()) else {
+            let Some((_, device, _)) = by_id.get(&info.id()).filter(|_| info.claim.is_some())
+            else {
                 continue;
             };
             for consumption in device.consumes_counters.iter().flatten() {
@@ -314,13 +312,13 @@ impl Counters {
 }
 
 /// Every device of every slice by `driver/pool/device`, with its driver.
-fn devices_by_id(state: &ClusterState) -> HashMap<String, (&str, &Device)> {
+fn devices_by_id(state: &ClusterState) -> HashMap<String, (&str, &Device, &DeviceMaps)> {
     let mut out = HashMap::new();
     for slice in &state.slices {
         let spec = &slice.spec;
-        for device in spec.devices.iter().flatten() {
+        for (device, maps) in slice.devices() {
             let id = format!("{}/{}/{}", spec.driver, spec.pool.name, device.name);
-            out.insert(id, (spec.driver.as_str(), device));
+            out.insert(id, (spec.driver.as_str(), device, maps));
         }
     }
     out
@@ -355,7 +353,7 @@ fn tolerates(toleration: &DeviceToleration, taint: &str) -> bool {
 /// The attributes and capacities a selector names (`device.attributes["domain"].name`,
 /// `device.capacity['domain'].name`), with the device's values: what a person needs to see
 /// why it does or does not match. A name the device lacks reads `<none>`.
-pub fn values_read(expression: &str, driver: &str, device: &Device) -> Vec<(String, String)> {
+pub fn values_read(expression: &str, driver: &str, maps: &DeviceMaps) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
     for (map, domain, name) in names_read(expression) {
         let qualified = format!("{domain}/{name}");
@@ -366,25 +364,22 @@ pub fn values_read(expression: &str, driver: &str, device: &Device) -> Vec<(Stri
             vec![qualified]
         };
         let value = match map {
-            Map::Attributes => device.attributes.as_ref().and_then(|a| {
-                keys.iter().find_map(|k| a.get(k)).map(|a| {
-                    a.string
-                        .clone()
-                        .or(a.int.map(|i| i.to_string()))
-                        .or(a.bool.map(|b| b.to_string()))
-                        .or(a.version.clone())
-                        .or(a.strings.as_ref().map(|s| s.join(",")))
-                        .or(a
-                            .ints
-                            .as_ref()
-                            .map(|v| v.iter().map(i64::to_string).collect::<Vec<_>>().join(",")))
-                        .unwrap_or_default()
-                })
+            Map::Attributes => keys.iter().find_map(|k| maps.attribute(k)).map(|a| {
+                a.string
+                    .clone()
+                    .or(a.int.map(|i| i.to_string()))
+                    .or(a.bool.map(|b| b.to_string()))
+                    .or(a.version.clone())
+                    .or(a.strings.as_ref().map(|s| s.join(",")))
+                    .or(a
+                        .ints
+                        .as_ref()
+                        .map(|v| v.iter().map(i64::to_string).collect::<Vec<_>>().join(",")))
+                    .unwrap_or_default()
             }),
-            Map::Capacity => device
-                .capacity
-                .as_ref()
-                .and_then(|c| keys.iter().find_map(|k| c.get(k)))
+            Map::Capacity => keys
+                .iter()
+                .find_map(|k| maps.capacity(k))
                 .map(|c| c.value.0.clone()),
         };
         if !out.iter().any(|(n, _)| *n == name) {

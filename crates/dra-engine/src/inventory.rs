@@ -14,7 +14,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use dra_cel::{DeviceRef, Environment, Quantity};
+use dra_allocator::{DeviceMaps, Slice};
+use dra_cel::{Environment, Quantity};
 use k8s_openapi::api::resource::v1::{Device, DeviceClass, DeviceTaintRule, ResourceSlice};
 
 use crate::claims;
@@ -98,7 +99,7 @@ type Allocated = BTreeMap<String, (ObjectKey, Vec<String>)>;
 #[derive(Clone, Debug, Default)]
 pub struct Sources {
     classes: Vec<DeviceClass>,
-    slices: Vec<Arc<ResourceSlice>>,
+    slices: Vec<Arc<Slice>>,
     taint_rules: Vec<DeviceTaintRule>,
     allocated: Allocated,
 }
@@ -167,16 +168,10 @@ fn classes_of(
     classes: &[DeviceClass],
     driver: &str,
     device: &Device,
+    maps: &DeviceMaps,
     errors: &mut Vec<String>,
 ) -> Vec<String> {
-    let empty_attributes = BTreeMap::new();
-    let empty_capacity = BTreeMap::new();
-    let device_ref = DeviceRef {
-        driver,
-        attributes: device.attributes.as_ref().unwrap_or(&empty_attributes),
-        capacity: device.capacity.as_ref().unwrap_or(&empty_capacity),
-        allow_multiple_allocations: device.allow_multiple_allocations.unwrap_or(false),
-    };
+    let device_ref = maps.device_ref(driver, device);
     let mut out = Vec::new();
     'classes: for class in classes {
         let name = class.metadata.name.clone().unwrap_or_default();
@@ -200,16 +195,14 @@ fn classes_of(
     out
 }
 
-fn string_attribute(device: &Device, name: &str) -> Option<String> {
-    device.attributes.as_ref()?.get(name)?.string.clone()
+fn string_attribute(maps: &DeviceMaps, name: &str) -> Option<String> {
+    maps.attribute(name)?.string.clone()
 }
 
-fn numa_of(device: &Device) -> Option<i64> {
-    let attributes = device.attributes.as_ref()?;
-    attributes
-        .get(NUMA_ATTRIBUTE)
-        .or_else(|| attributes.get("numaNode"))
-        .or_else(|| attributes.get("numa"))?
+fn numa_of(maps: &DeviceMaps) -> Option<i64> {
+    maps.attribute(NUMA_ATTRIBUTE)
+        .or_else(|| maps.attribute("numaNode"))
+        .or_else(|| maps.attribute("numa"))?
         .int
 }
 
@@ -282,8 +275,15 @@ fn each_device(sources: &Sources, mut f: impl FnMut(DeviceInfo)) -> Vec<String> 
     let mut errors = Vec::new();
     for slice in &sources.slices {
         let spec = &slice.spec;
-        for device in spec.devices.iter().flatten() {
-            let classes = classes_of(&env, &sources.classes, &spec.driver, device, &mut errors);
+        for (device, maps) in slice.devices() {
+            let classes = classes_of(
+                &env,
+                &sources.classes,
+                &spec.driver,
+                device,
+                maps,
+                &mut errors,
+            );
             let id = format!("{}/{}/{}", spec.driver, spec.pool.name, device.name);
             let (claim, reserved_for) = match allocated.get(&id) {
                 Some((claim, reserved)) => (Some(claim.clone()), reserved.clone()),
@@ -294,8 +294,8 @@ fn each_device(sources: &Sources, mut f: impl FnMut(DeviceInfo)) -> Vec<String> 
                 driver: spec.driver.clone(),
                 pool: spec.pool.name.clone(),
                 name: device.name.clone(),
-                product: string_attribute(device, "productName"),
-                numa: numa_of(device),
+                product: string_attribute(maps, "productName"),
+                numa: numa_of(maps),
                 classes,
                 claim,
                 reserved_for,
@@ -311,7 +311,7 @@ fn each_device(sources: &Sources, mut f: impl FnMut(DeviceInfo)) -> Vec<String> 
 }
 
 /// Per pool's shared counter, the total less what allocated devices consume.
-fn counters_left(slices: &[Arc<ResourceSlice>], allocated: &Allocated) -> Vec<CounterLeft> {
+fn counters_left(slices: &[Arc<Slice>], allocated: &Allocated) -> Vec<CounterLeft> {
     // (driver, pool, set, counter) -> consumed
     let mut used: BTreeMap<(String, String, String, String), Quantity> = BTreeMap::new();
     for slice in slices {

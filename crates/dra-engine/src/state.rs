@@ -12,6 +12,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass, VolumeAttachment};
 
+use dra_allocator::Slice;
+
 use crate::plugins::label_selector::Selector;
 use crate::plugins::node_ports::{HostPort, host_ports};
 use crate::plugins::node_resources_fit::{Requested, Units, allocatable_units};
@@ -235,7 +237,9 @@ pub struct ClusterState {
     pub claims: HashMap<ObjectKey, Arc<ResourceClaim>>,
     pub classes: Vec<DeviceClass>,
     /// Shared with every snapshot built from this state (not copied per rebuild).
-    pub slices: Vec<Arc<ResourceSlice>>,
+    /// Each device's attributes and capacity are held beside the API object, not in it (see
+    /// [`Slice`]).
+    pub slices: Vec<Arc<Slice>>,
     pub taint_rules: Vec<DeviceTaintRule>,
     pub namespaces: BTreeMap<String, Namespace>,
     pub volumes: Volumes,
@@ -496,7 +500,11 @@ impl ClusterState {
                 })
                 .collect(),
             classes: input.classes,
-            slices: input.slices.into_iter().map(Arc::new).collect(),
+            slices: input
+                .slices
+                .into_iter()
+                .map(|s| Arc::new(s.into()))
+                .collect(),
             taint_rules: input.taint_rules,
             namespaces: input
                 .namespaces
@@ -694,7 +702,7 @@ impl ClusterState {
     }
 
     pub fn upsert_slice(&mut self, slice: ResourceSlice) {
-        upsert_named(&mut self.slices, Arc::new(slice), |s| &s.metadata);
+        upsert_named(&mut self.slices, Arc::new(slice.into()), |s| &s.metadata);
     }
 
     pub fn remove_slice(&mut self, name: &str) {

@@ -91,7 +91,7 @@ impl Case {
                 .slices
                 .iter()
                 .cloned()
-                .map(std::sync::Arc::new)
+                .map(|s| std::sync::Arc::new(s.into()))
                 .collect(),
             taint_rules: self.taint_rules.clone(),
             allocations: self.allocations.clone(),
@@ -681,16 +681,16 @@ fn selected(
     s: &ResourceSlice,
     d: &Device,
 ) -> bool {
-    static EMPTY_A: BTreeMap<String, DeviceAttribute> = BTreeMap::new();
-    static EMPTY_C: BTreeMap<String, DeviceCapacity> = BTreeMap::new();
+    let attributes = dra_cel::sorted(d.attributes.clone());
+    let capacity = dra_cel::sorted(d.capacity.clone());
     sels.into_iter().flatten().all(|sel| {
         let expr = &sel.cel.as_ref().unwrap().expression;
         env.compile(expr)
             .and_then(|p| {
                 p.matches(dra_cel::DeviceRef {
                     driver: &s.spec.driver,
-                    attributes: d.attributes.as_ref().unwrap_or(&EMPTY_A),
-                    capacity: d.capacity.as_ref().unwrap_or(&EMPTY_C),
+                    attributes: &attributes,
+                    capacity: &capacity,
                     allow_multiple_allocations: d.allow_multiple_allocations.unwrap_or(false),
                 })
             })

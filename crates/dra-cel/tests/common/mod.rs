@@ -21,13 +21,16 @@ pub struct Device {
 }
 
 impl Device {
-    pub fn as_ref(&self) -> DeviceRef<'_> {
-        DeviceRef {
+    /// Evaluate `f` on the device in the form dra-cel reads (its maps as sorted slices).
+    pub fn with_ref<R>(&self, f: impl FnOnce(DeviceRef<'_>) -> R) -> R {
+        let attributes = dra_cel::sorted(Some(self.attributes.clone()));
+        let capacity = dra_cel::sorted(Some(self.capacity.clone()));
+        f(DeviceRef {
             driver: &self.driver,
-            attributes: &self.attributes,
-            capacity: &self.capacity,
+            attributes: &attributes,
+            capacity: &capacity,
             allow_multiple_allocations: self.allow_multiple_allocations,
-        }
+        })
     }
 }
 
@@ -88,7 +91,7 @@ impl Outcome {
 pub fn evaluate(env: &Environment, expr: &str, device: &Device) -> Outcome {
     match env.compile(expr) {
         Err(e) => Outcome::Error(e.kind, e.message),
-        Ok(selector) => match selector.matches(device.as_ref()) {
+        Ok(selector) => match device.with_ref(|d| selector.matches(d)) {
             Ok(b) => Outcome::Result(b),
             Err(e) => Outcome::Error(e.kind, e.message),
         },
