@@ -119,11 +119,6 @@ impl Slice {
         }
         object
     }
-
-    /// The API object's metadata and spec without the devices' maps (see the module notes).
-    pub fn object(&self) -> &ResourceSlice {
-        &self.object
-    }
 }
 
 fn non_empty<T: Clone>(entries: &[(String, T)]) -> Option<std::collections::BTreeMap<String, T>> {
