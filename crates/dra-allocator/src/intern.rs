@@ -1,13 +1,16 @@
 //! Small numbers for what devices carry: driver and attribute names, attribute and
 //! capacity values, and whole "views" (everything CEL can see of a device).
 //!
-//! A snapshot turns each device into a [`DeviceView`] once, when it is built. From then on
-//! the selector-result cache is keyed by these numbers: comparing and hashing a few `u32`s
-//! per device instead of reading the API object's attribute map (string comparisons) on
-//! every first look at a device. The interner lives in the [`crate::SelectorCache`], so
-//! the numbers, and the results keyed by them, stay valid across snapshot rebuilds.
+//! A slice's devices are numbered once, when the slice is received (see
+//! [`crate::facts`]), in the process's current [`Numbering`]; a snapshot copies those
+//! numbers instead of working them out per device. From then on the selector-result cache
+//! is keyed by these numbers: comparing and hashing a few `u32`s per device instead of
+//! reading the attribute maps (string comparisons) on every first look at a device. A
+//! [`crate::SelectorCache`] is tied to one numbering, so its results stay valid across
+//! snapshot rebuilds for as long as that numbering is used.
 
 use std::hash::{BuildHasher, Hash};
+use std::sync::{Arc, Mutex, RwLock};
 
 use foldhash::HashMap;
 use hashbrown::HashTable;
@@ -16,8 +19,66 @@ use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 /// The value number of "the device has no such attribute or capacity".
 pub(crate) const ABSENT: u32 = u32::MAX;
 
-/// Past this many numbers a snapshot starts a fresh selector cache (bounded memory).
+/// Past this many numbers the process starts a fresh [`Numbering`] (bounded memory):
+/// slices received after that are numbered in the new one, and the next snapshot renumbers
+/// the others and starts a fresh selector cache.
 pub(crate) const LIMIT: usize = 1 << 20;
+
+/// The numbers of one process-wide era: an [`Interner`] that slices are numbered in as
+/// they arrive, and that snapshots and selector caches read. Replaced by a fresh one once
+/// it holds [`LIMIT`] numbers (UUIDs of devices long gone would otherwise stay forever).
+#[derive(Debug)]
+pub(crate) struct Numbering {
+    interner: RwLock<Interner>,
+    limit: usize,
+}
+
+impl Numbering {
+    pub fn new(limit: usize) -> Arc<Numbering> {
+        Arc::new(Numbering {
+            interner: RwLock::default(),
+            limit,
+        })
+    }
+
+    /// The numbering new slices are numbered in: the last one, unless it is full.
+    pub fn current() -> Arc<Numbering> {
+        static CURRENT: Mutex<Option<Arc<Numbering>>> = Mutex::new(None);
+        let mut current = CURRENT.lock().expect("not poisoned");
+        match &*current {
+            Some(n) if !n.full() => Arc::clone(n),
+            _ => Arc::clone(current.insert(Numbering::new(LIMIT))),
+        }
+    }
+
+    /// It holds as many numbers as it may: no snapshot should start on it any more.
+    pub fn full(&self) -> bool {
+        self.read().len() >= self.limit
+    }
+
+    pub fn read(&self) -> std::sync::RwLockReadGuard<'_, Interner> {
+        self.interner.read().expect("not poisoned")
+    }
+
+    /// The views of a slice's devices (of `driver`), in order, their pairs appended to
+    /// `pairs` (each view's start counts from the first of them).
+    pub fn number<'a>(
+        &self,
+        driver: &str,
+        devices: impl Iterator<Item = (&'a Device, &'a crate::DeviceMaps)>,
+        pairs: &mut Pairs,
+    ) -> Vec<DeviceView> {
+        let mut interner = self.interner.write().expect("not poisoned");
+        let mut views = Vec::with_capacity(devices.size_hint().1.unwrap_or(0));
+        let mut buf = Vec::new();
+        let mut previous = None;
+        for (device, maps) in devices {
+            views.push(interner.device(&mut buf, pairs, driver, device, maps, previous));
+            previous = Some(maps);
+        }
+        views
+    }
+}
 
 /// Numbers for names, values and views. Names and values come from the API (untrusted
 /// text), so they are hashed with a randomly seeded hasher (foldhash's `RandomState`: a
@@ -78,14 +139,6 @@ impl<T: Copy + Eq + Hash, S: BuildHasher> Arena<T, S> {
         self.spans.len()
     }
 
-    /// Room for `entries` more entries of `items` items in all, so that interning them
-    /// does not rehash the table or copy the arrays as they grow.
-    fn reserve(&mut self, entries: usize, items: usize) {
-        self.items.reserve(items);
-        self.spans.reserve(entries);
-        self.table.reserve(entries, |&(h, _)| h);
-    }
-
     /// The number of `seq`, a new one if it is not there yet.
     fn intern(&mut self, seq: &[T]) -> u32 {
         let hash = self.hasher.hash_one(seq);
@@ -117,7 +170,7 @@ impl<T: Copy + Eq + Hash, S: BuildHasher> Arena<T, S> {
 /// and the attribute and capacity maps as (map key, value) pairs sorted by key. The pairs
 /// of all devices sit in one array of the snapshot ([`Pairs`]), devices of a node next to
 /// each other, so looking at a node's devices reads one stretch of memory.
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct DeviceView {
     pub driver: u32,
     /// `allowMultipleAllocations` is true.
@@ -147,6 +200,14 @@ pub(crate) struct ReadIds {
 }
 
 impl DeviceView {
+    /// The same view with its pairs `offset` further on (copied into a larger array).
+    pub fn moved(self, offset: usize) -> DeviceView {
+        DeviceView {
+            start: self.start + offset as u32,
+            ..self
+        }
+    }
+
     /// The value number `read` finds in this device, looked up the way the CEL environment
     /// looks (the unqualified key first when the domain is the driver's), or [`ABSENT`].
     pub fn value(&self, pairs: &[(u32, u32)], read: &ReadIds) -> u32 {
@@ -173,17 +234,6 @@ impl DeviceView {
 impl Interner {
     pub fn len(&self) -> usize {
         self.names.len() + self.values.len() + self.views.len()
-    }
-
-    /// Room for `devices` more devices with `pairs` attributes and capacities in all (at
-    /// most one new value per pair and one new view per device): a snapshot of devices
-    /// with unique values (UUIDs) otherwise grows these tables and arrays step by step
-    /// (in benchmark a's profile of `Snapshot::new`, 2.5% of the samples were rehashing).
-    pub fn reserve(&mut self, devices: usize, pairs: usize) {
-        // A value's bytes are mostly short: a guess, not a bound.
-        self.values.reserve(pairs, pairs * 16);
-        // A view's key: driver, multi, #attributes, then two numbers per pair.
-        self.views.reserve(devices, 3 * devices + 2 * pairs);
     }
 
     pub fn name(&mut self, s: &str) -> u32 {

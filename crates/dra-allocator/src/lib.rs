@@ -128,6 +128,7 @@ pub mod build;
 mod capacity;
 mod compat;
 mod error;
+mod facts;
 mod intern;
 mod materialise;
 mod nodesel;

@@ -718,7 +718,10 @@ impl<'a> NodeRun<'a> {
                 || maps_node_resources;
             let mut need = None;
             if features.consumable_capacity {
-                let computed = match (&r.capacity, &parsed.unrequested) {
+                let computed = match (
+                    &r.capacity,
+                    parsed.unrequested(features.fractional_capacity_range),
+                ) {
                     // Same for every request without capacity stanza: computed once per device.
                     // Only shared devices keep the amount, so others need no copy.
                     (None, Ok(n)) => Ok(n.as_ref().map(|v| {

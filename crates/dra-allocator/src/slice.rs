@@ -10,10 +10,17 @@
 //! A [`Slice`] dereferences to the API object for everything else (names, pool, node,
 //! counters, taints); its devices' `attributes` and `capacity` are `None` there and must be
 //! read from [`Slice::maps`]. [`Slice::to_resource_slice`] gives the API object back whole.
+//!
+//! A [`Slice`] also holds its [`SliceFacts`], worked out when the slice is received, so that
+//! a snapshot built from it copies them instead of working them out again for every device.
 
 use std::ops::Deref;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity, ResourceSlice};
+
+use crate::facts::SliceFacts;
+use crate::intern::Numbering;
 
 /// One device's attributes and capacity, each sorted by name (the API maps' order).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -64,15 +71,20 @@ fn get<'a, T>(entries: &'a [(String, T)], name: &str) -> Option<&'a T> {
         .map(|i| &entries[i].1)
 }
 
-/// A ResourceSlice with its devices' attribute and capacity maps held compactly beside it.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// A ResourceSlice with its devices' attribute and capacity maps held compactly beside it,
+/// and its facts.
+#[derive(Default)]
 pub struct Slice {
     object: ResourceSlice,
     /// One per device of `object.spec.devices`, in order.
     maps: Box<[DeviceMaps]>,
+    /// In the numbering they were last asked for in (worked out again when that changes).
+    facts: Mutex<Option<Arc<SliceFacts>>>,
 }
 
 impl From<ResourceSlice> for Slice {
+    /// Works out the slice's facts, in the process's current numbering: the work of
+    /// receiving a slice, done once, not once per snapshot.
     fn from(mut object: ResourceSlice) -> Slice {
         let maps = object
             .spec
@@ -81,7 +93,39 @@ impl From<ResourceSlice> for Slice {
             .flatten()
             .map(DeviceMaps::take)
             .collect();
-        Slice { object, maps }
+        let slice = Slice {
+            object,
+            maps,
+            facts: Mutex::default(),
+        };
+        slice.facts(&Numbering::current());
+        slice
+    }
+}
+
+impl Clone for Slice {
+    fn clone(&self) -> Slice {
+        Slice {
+            object: self.object.clone(),
+            maps: self.maps.clone(),
+            facts: Mutex::new(self.facts.lock().expect("not poisoned").clone()),
+        }
+    }
+}
+
+/// Equal when the objects are: the facts follow from them.
+impl PartialEq for Slice {
+    fn eq(&self, other: &Slice) -> bool {
+        self.object == other.object && self.maps == other.maps
+    }
+}
+
+impl std::fmt::Debug for Slice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slice")
+            .field("object", &self.object)
+            .field("maps", &self.maps)
+            .finish_non_exhaustive()
     }
 }
 
@@ -97,6 +141,20 @@ impl Slice {
     /// The maps of device `index` of `spec.devices`.
     pub fn maps(&self, index: usize) -> &DeviceMaps {
         &self.maps[index]
+    }
+
+    /// The slice's facts in `numbering`: those worked out before, or new ones (kept for
+    /// next time) if they were of another numbering.
+    pub(crate) fn facts(&self, numbering: &Arc<Numbering>) -> Arc<SliceFacts> {
+        let mut facts = self.facts.lock().expect("not poisoned");
+        if let Some(f) = &*facts
+            && Arc::ptr_eq(&f.numbering, numbering)
+        {
+            return Arc::clone(f);
+        }
+        let fresh = Arc::new(SliceFacts::new(numbering, self));
+        *facts = Some(Arc::clone(&fresh));
+        fresh
     }
 
     /// The devices with their maps, in slice order.
@@ -216,5 +274,25 @@ mod tests {
         assert_eq!(names, ["gpu-0", "", "gpu-1"]);
         assert_eq!(kept.to_resource_slice(), api);
         assert_eq!(kept.device(2), api.spec.devices.as_ref().unwrap()[2]);
+    }
+
+    #[test]
+    fn a_slice_asked_for_another_numbering_is_renumbered_and_keeps_those_numbers() {
+        let kept = Slice::from(slice(vec![
+            gpu("gpu-0", "A100"),
+            gpu("gpu-1", "A100"),
+            gpu("gpu-2", "H100"),
+        ]));
+        let received = kept.facts(&Numbering::current());
+        let other = Numbering::new(crate::intern::LIMIT);
+        let renumbered = kept.facts(&other);
+        assert!(Arc::ptr_eq(&renumbered.numbering, &other));
+        assert!(!Arc::ptr_eq(&renumbered, &received));
+        assert!(
+            Arc::ptr_eq(&kept.facts(&other), &renumbered),
+            "numbered once per numbering"
+        );
+        let views: Vec<u32> = renumbered.devices.iter().map(|d| d.view.id).collect();
+        assert_eq!(views, [0, 0, 1], "gpu-0 and gpu-1 differ in name only");
     }
 }
