@@ -168,8 +168,8 @@ impl<T: Copy + Eq + Hash, S: BuildHasher> Arena<T, S> {
 
 /// What a CEL selector can see of a device, as numbers: driver, `allowMultipleAllocations`,
 /// and the attribute and capacity maps as (map key, value) pairs sorted by key. The pairs
-/// of all devices sit in one array of the snapshot ([`Pairs`]), devices of a node next to
-/// each other, so looking at a node's devices reads one stretch of memory.
+/// of a slice's devices sit in one array of its facts ([`Pairs`]), so looking at a node's
+/// devices reads one stretch of memory.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct DeviceView {
     pub driver: u32,
@@ -183,7 +183,7 @@ pub(crate) struct DeviceView {
     pub id: u32,
 }
 
-/// The (map key, value) pairs of every [`DeviceView`] of a snapshot.
+/// The (map key, value) pairs of the [`DeviceView`]s of a slice.
 pub(crate) type Pairs = Vec<(u32, u32)>;
 
 /// One value an expression reads (see [`crate::reads::Read`]), resolved to numbers: the
@@ -200,14 +200,6 @@ pub(crate) struct ReadIds {
 }
 
 impl DeviceView {
-    /// The same view with its pairs `offset` further on (copied into a larger array).
-    pub fn moved(self, offset: usize) -> DeviceView {
-        DeviceView {
-            start: self.start + offset as u32,
-            ..self
-        }
-    }
-
     /// The value number `read` finds in this device, looked up the way the CEL environment
     /// looks (the unqualified key first when the domain is the driver's), or [`ABSENT`].
     pub fn value(&self, pairs: &[(u32, u32)], read: &ReadIds) -> u32 {

@@ -300,14 +300,16 @@ pub struct Snapshot {
     pub(crate) devices: Vec<DeviceEntry>,
     /// Per slice, its facts (what [`DeviceEntry::parsed`] numbers is there).
     facts: Vec<Arc<crate::facts::SliceFacts>>,
-    /// The attribute and capacity numbers of every [`DeviceEntry::view`].
-    view_pairs: crate::intern::Pairs,
     pub(crate) slice_devices: Vec<(u32, u32)>,
-    node_slices: HashMap<String, Vec<u32>>,
+    /// (hash of a node's name, with `id_seed`; slice), sorted: the slices listed under each
+    /// node's name (`nodeName`), in input order. No map entry (and name copy) per node.
+    node_slices: Vec<(u64, u32)>,
     shared_slices: Vec<u32>,
     /// Pools sorted by (driver, pool): the index is the search order rank.
-    pool_keys: Vec<(String, String)>,
-    pool_slices: Vec<Vec<u32>>,
+    /// Slice numbers grouped by pool (in input order within one); `pool_ranges[p]` is pool
+    /// p's part. Pools are sorted by (driver, pool), the search order.
+    pool_order: Vec<u32>,
+    pool_ranges: Vec<(u32, u32)>,
     /// Slices ignored because they use compatibility groups (feature off).
     compat_slices: Vec<bool>,
     /// Per slice what placement needs, without touching the (large) API objects.
@@ -356,7 +358,7 @@ fn id_hash(seed: &foldhash::fast::RandomState, driver: &str, pool: &str, device:
 /// Numbers for the JSON text of values (the rarer parts of a device's signature: the API
 /// types cannot be hashed), equal exactly when the texts are.
 #[derive(Default)]
-struct Texts {
+pub(crate) struct Texts {
     ids: HashMap<String, u32>,
     /// The text being looked up: written here, copied into `ids` only when it is new (was
     /// a fresh `String` per device).
@@ -386,7 +388,7 @@ impl Texts {
 /// 11% of the profile samples of `Snapshot::new` in benchmark e, where every device
 /// consumes counters).
 #[derive(Default)]
-struct Rests<'a> {
+pub(crate) struct Rests<'a> {
     /// The fields come from the API: a seeded hash, so collisions cost comparisons only.
     seed: foldhash::fast::RandomState,
     /// (hash, number).
@@ -442,6 +444,18 @@ fn same_rest((a, a_maps): (&Device, &DeviceMaps), (b, b_maps): (&Device, &Device
         && a.node_selector == b.node_selector
 }
 
+/// The first name met twice (as upstream names it in its error), if any.
+pub(crate) fn first_duplicate<'a>(names: impl Iterator<Item = &'a str> + Clone) -> Option<&'a str> {
+    // Sorted, not hashed: a pool has a few devices, mostly.
+    let mut sorted: Vec<&str> = names.clone().collect();
+    sorted.sort_unstable();
+    if !sorted.windows(2).any(|w| w[0] == w[1]) {
+        return None;
+    }
+    let mut seen = HashSet::new();
+    names.into_iter().find(|n| !seen.insert(*n))
+}
+
 /// Whether `device` has one of the rarer fields (counters, per-device placement, binding
 /// conditions, capacity request policies) that [`signature`] compares field by field.
 pub(crate) fn has_rare_fields(device: &Device, maps: &DeviceMaps) -> bool {
@@ -480,7 +494,7 @@ pub(crate) fn has_rare_fields(device: &Device, maps: &DeviceMaps) -> bool {
 /// Everything but the name that makes two devices of one pool interchangeable, as numbers:
 /// the slice's placement, the CEL view, taints (as text), and the rarer fields when the
 /// device has some (`rare`, see [`has_rare_fields`]). The device is read only for those.
-fn signature<'a>(
+pub(crate) fn signature<'a>(
     texts: &mut Texts,
     rests: &mut Rests<'a>,
     placement: u32,
@@ -607,37 +621,47 @@ impl Snapshot {
         // Worked out when the slices were received: only slices of another numbering (one
         // that filled up since) are worked out here.
         let facts: Vec<_> = slices.iter().map(|s| s.facts(&cache.numbering)).collect();
-        let (n_devices, n_pairs) = facts.iter().fold((0, 0), |(devices, pairs), f| {
-            (devices + f.devices.len(), pairs + f.pairs.len())
-        });
-        let mut view_pairs = Vec::with_capacity(n_pairs);
+        let n_devices = facts.iter().map(|f| f.devices.len()).sum();
         let mut maps_node_resources = false;
         let mut texts = Texts::default();
         let mut rests = Rests::default();
         let mut placements: HashMap<PlacementKey<'_>, u32> = HashMap::with_capacity(slices.len());
         let mut devices = Vec::with_capacity(n_devices);
         let mut slice_devices = Vec::with_capacity(slices.len());
-        let mut node_slices: HashMap<String, Vec<u32>> = HashMap::new();
-        let mut sigs: NumMap<[u32; 4], u32> =
-            NumMap::with_capacity_and_hasher(n_devices, Default::default());
+        let id_seed = foldhash::fast::RandomState::default();
+        let mut node_slices: Vec<(u64, u32)> = Vec::new();
+        let mut sigs: NumMap<[u32; 4], u32> = NumMap::default();
         let mut numa_values: Vec<crate::attr::AttrValue> = Vec::new();
         let mut shared_slices = Vec::new();
-        // Keyed by the slices' own strings: copied once per pool, not once per slice.
-        let mut pool_slices_by_key: HashMap<(&str, &str), Vec<u32>> =
-            HashMap::with_capacity(slices.len());
         let mut numa_ids: HashMap<crate::attr::AttrValue, u32> = HashMap::new();
         let mut compat_slices: Vec<bool> = Vec::with_capacity(slices.len());
         // The NUMA id of each value number met under NUMA_ATTRIBUTE.
         let mut numa_by_value: NumMap<u32, Option<u32>> = NumMap::default();
+        // Per slice its placement, and per placement how many slices have it.
+        let mut slice_placement = Vec::with_capacity(slices.len());
+        let mut placement_slices: Vec<u32> = Vec::new();
+        for slice in &slices {
+            let next = placements.len() as u32;
+            let placement = *placements.entry(placement_key(&slice.spec)).or_insert(next);
+            if placement == next {
+                placement_slices.push(0);
+            }
+            placement_slices[placement as usize] += 1;
+            slice_placement.push(placement);
+        }
+        let mut next_sym = 0;
         for (si, (slice, facts)) in slices.iter().zip(&facts).enumerate() {
             let spec = &slice.spec;
             let start = devices.len() as u32;
-            let base = view_pairs.len();
-            view_pairs.extend_from_slice(&facts.pairs);
-            let placement = {
-                let next = placements.len() as u32;
-                *placements.entry(placement_key(spec)).or_insert(next)
-            };
+            let placement = slice_placement[si];
+            // A slice alone with its placement and untouched by taint rules: its devices'
+            // signatures are those it was received with (numbered within it), offset.
+            let local_syms = (placement_slices[placement as usize] == 1 && taint_rules.is_empty())
+                .then(|| {
+                    let base = next_sym;
+                    next_sym += facts.syms;
+                    base
+                });
             let api_devices = spec.devices.as_deref().unwrap_or_default();
             for (di, f) in facts.devices.iter().enumerate() {
                 // The device itself is read only where its facts say there is more to see.
@@ -652,7 +676,7 @@ impl Snapshot {
                     }
                 }
                 maps_node_resources |= f.node_resources;
-                let view = f.view.moved(base);
+                let view = f.view;
                 let mut numa_of = |v: crate::attr::AttrValue| match numa_ids.get(&v) {
                     Some(&id) => id,
                     None => {
@@ -675,18 +699,23 @@ impl Snapshot {
                         .entry(f.numa)
                         .or_insert_with(|| lookup().map(&mut numa_of))
                 };
-                let next = sigs.len() as u32;
-                let sym = *sigs
-                    .entry(signature(
-                        &mut texts,
-                        &mut rests,
-                        placement,
-                        view.id,
-                        device(),
-                        f.rare_fields,
-                        &taints,
-                    ))
-                    .or_insert(next);
+                let sym = match local_syms {
+                    Some(base) => base + f.sym,
+                    None => *sigs
+                        .entry(signature(
+                            &mut texts,
+                            &mut rests,
+                            placement,
+                            view.id,
+                            device(),
+                            f.rare_fields,
+                            &taints,
+                        ))
+                        .or_insert_with(|| {
+                            next_sym += 1;
+                            next_sym - 1
+                        }),
+                };
                 devices.push(DeviceEntry {
                     slice: si as u32,
                     index: di as u32,
@@ -706,44 +735,39 @@ impl Snapshot {
             // then looks incomplete), as upstream does.
             let ignored = facts.uses_groups && !features.compatibility_groups;
             compat_slices.push(ignored);
-            pool_slices_by_key
-                .entry((&spec.driver, &spec.pool.name))
-                .or_default()
-                .push(si as u32);
             if ignored {
                 continue;
             }
             match spec.node_name.as_deref() {
-                // A node's name is copied once, for its first slice.
-                Some(n) if !n.is_empty() => match node_slices.get_mut(n) {
-                    Some(list) => list.push(si as u32),
-                    None => {
-                        node_slices.insert(n.to_string(), vec![si as u32]);
-                    }
-                },
+                Some(n) if !n.is_empty() => node_slices.push((id_seed.hash_one(n), si as u32)),
                 _ => shared_slices.push(si as u32),
             }
         }
-        let mut pool_keys: Vec<(&str, &str)> = pool_slices_by_key.keys().copied().collect();
-        pool_keys.sort_unstable();
-        let mut slice_pool = vec![0u32; slices.len()];
-        let pool_slices: Vec<Vec<u32>> = pool_keys
+        node_slices.sort_unstable();
+        // Sorted by (driver, pool), then input order: one sort, no map entry per pool.
+        let mut keyed: Vec<(&str, &str, u32)> = slices
             .iter()
             .enumerate()
-            .map(|(i, k)| {
-                let list = pool_slices_by_key.remove(k).unwrap_or_default();
-                for &s in &list {
-                    slice_pool[s as usize] = i as u32;
-                }
-                list
-            })
+            .map(|(i, s)| (s.spec.driver.as_str(), s.spec.pool.name.as_str(), i as u32))
             .collect();
-        let pool_keys: Vec<(String, String)> = pool_keys
-            .into_iter()
-            .map(|(driver, pool)| (driver.to_string(), pool.to_string()))
-            .collect();
-        drop(pool_slices_by_key);
-        let pool_keys_len = pool_keys.len();
+        keyed.sort_unstable();
+        let mut slice_pool = vec![0u32; slices.len()];
+        let mut pool_ranges: Vec<(u32, u32)> = Vec::new();
+        for (i, &(driver, pool, si)) in keyed.iter().enumerate() {
+            let next = i.checked_sub(1).is_none_or(|p| {
+                let (d, p, _) = keyed[p];
+                (d, p) != (driver, pool)
+            });
+            if next {
+                pool_ranges.push((i as u32, i as u32));
+            }
+            let last = pool_ranges.last_mut().expect("pushed");
+            last.1 += 1;
+            slice_pool[si as usize] = pool_ranges.len() as u32 - 1;
+        }
+        let pool_order: Vec<u32> = keyed.iter().map(|&(_, _, si)| si).collect();
+        drop(keyed);
+        let pool_keys_len = pool_ranges.len();
         let mut snapshot = Snapshot {
             features,
             cache,
@@ -765,17 +789,16 @@ impl Snapshot {
             slices,
             devices,
             facts,
-            view_pairs,
             slice_devices,
             node_slices,
             shared_slices,
-            pool_keys,
-            pool_slices,
+            pool_order,
+            pool_ranges,
             compat_slices,
             usage: HashMap::new(),
             entry_usage: Vec::new(),
             id_entries: OnceLock::new(),
-            id_seed: foldhash::fast::RandomState::default(),
+            id_seed,
             pool_cache: Vec::new(),
             maps_node_resources,
             id: {
@@ -794,8 +817,9 @@ impl Snapshot {
         shared_pools.dedup();
         snapshot.shared_pools = shared_pools;
         let mut cache = Vec::new();
-        for (pi, all) in snapshot.pool_slices.iter().enumerate() {
-            let (driver, pool) = &snapshot.pool_keys[pi];
+        for pi in 0..snapshot.pool_ranges.len() as u32 {
+            let all = snapshot.pool_slices(pi);
+            let (driver, pool) = snapshot.pool_key(pi);
             cache.push(None);
             let newest = all
                 .iter()
@@ -821,7 +845,7 @@ impl Snapshot {
             }
             let n = same.len();
             let stat = snapshot.build_static(driver, pool, same, Vec::new());
-            cache[pi] = Some((generation, n, Arc::new(stat)));
+            cache[pi as usize] = Some((generation, n, Arc::new(stat)));
         }
         snapshot.pool_cache = cache;
         for a in &allocations {
@@ -915,17 +939,35 @@ impl Snapshot {
         self.id
     }
 
+    /// The slices listed under `node`'s name (`nodeName`), in input order.
+    fn node_slices<'s>(&'s self, node: &'s str) -> impl Iterator<Item = u32> + 's {
+        let h = self.id_seed.hash_one(node);
+        let from = self.node_slices.partition_point(|&(x, _)| x < h);
+        self.node_slices[from..]
+            .iter()
+            .take_while(move |&&(x, _)| x == h)
+            .map(|&(_, s)| s)
+            .filter(move |&s| self.slices[s as usize].spec.node_name.as_deref() == Some(node))
+    }
+
+    /// The slices of pool `pool`, in input order.
+    fn pool_slices(&self, pool: u32) -> &[u32] {
+        let (start, end) = self.pool_ranges[pool as usize];
+        &self.pool_order[start as usize..end as usize]
+    }
+
+    /// Pool `pool`'s driver and name.
+    fn pool_key(&self, pool: u32) -> (&str, &str) {
+        let spec = &self.slices[self.pool_slices(pool)[0] as usize].spec;
+        (&spec.driver, &spec.pool.name)
+    }
+
     /// The pools `node` may see: its own slices' pools, and every pool of slices not tied
     /// to one node (numbers for [`Snapshot::pools_stamp`], valid in this snapshot).
     pub fn node_pools(&self, node: &str) -> Vec<u32> {
-        let local = self
-            .node_slices
-            .get(node)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        let mut pools: Vec<u32> = local
-            .iter()
-            .map(|&s| self.slice_info[s as usize].pool)
+        let mut pools: Vec<u32> = self
+            .node_slices(node)
+            .map(|s| self.slice_info[s as usize].pool)
             .chain(self.shared_pools.iter().copied())
             .collect();
         pools.sort_unstable();
@@ -1069,11 +1111,12 @@ impl Snapshot {
             static BUF: std::cell::RefCell<(Vec<u32>, LastRead)> =
                 std::cell::RefCell::new((Vec::new(), LastRead::default()));
         }
-        let view = &self.devices[entry as usize].view;
+        let e = &self.devices[entry as usize];
+        let (view, pairs) = (&e.view, &self.facts[e.slice as usize].pairs);
         BUF.with_borrow_mut(|(buf, last)| {
             buf.clear();
             buf.extend([expr, view.driver, u32::from(view.multi)]);
-            buf.extend(reads.iter().map(|r| view.value(&self.view_pairs, r)));
+            buf.extend(reads.iter().map(|r| view.value(pairs, r)));
             f(last, buf)
         })
     }
@@ -1208,15 +1251,10 @@ impl Snapshot {
     ) -> Result<(), AllocError> {
         let node_name = node.metadata.name.as_deref().unwrap_or_default();
         let features = &self.features;
-        let local = self
-            .node_slices
-            .get(node_name)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
         // (pool index = search rank, generation, slice) of every slice the node sees.
         seen.clear();
         // Slices listed under the node's name target it by `nodeName`: nothing to check.
-        for &si in local {
+        for si in self.node_slices(node_name) {
             let info = self.slice_info[si as usize];
             if !features.partitionable_devices && info.partitionable_only {
                 continue;
@@ -1267,15 +1305,12 @@ impl Snapshot {
             let generation = group.iter().map(|t| t.1).max().expect("not empty");
             let newest = || group.iter().filter(|t| t.1 == generation).map(|t| t.2);
             let n = newest().count();
-            let (driver, pool) = (
-                self.pool_keys[pi as usize].0.as_str(),
-                self.pool_keys[pi as usize].1.as_str(),
-            );
+            let (driver, pool) = self.pool_key(pi);
             let first = newest().next().expect("not empty");
             let count = self.slices[first as usize].spec.pool.resource_slice_count;
             let mut not_targeting = Vec::new();
             if n as i64 != count {
-                let all = &self.pool_slices[pi as usize];
+                let all = self.pool_slices(pi);
                 if all
                     .iter()
                     .any(|&s| self.slice_info[s as usize].generation > generation)
@@ -1332,14 +1367,8 @@ impl Snapshot {
                 .name
                 .cmp(&self.slices[*b as usize].metadata.name)
         });
-        let has_counters = |s: u32| {
-            self.features.partitionable_devices
-                && self.slices[s as usize]
-                    .spec
-                    .shared_counters
-                    .as_ref()
-                    .is_some_and(|c| !c.is_empty())
-        };
+        let has_counters =
+            |s: u32| self.features.partitionable_devices && self.facts[s as usize].shared_counters;
         let mut device_slices = Vec::new();
         let mut counter_slices = Vec::new();
         for &s in &slices {
@@ -1358,19 +1387,17 @@ impl Snapshot {
             }
         }
         let mut info = PoolStatic::new(driver, pool, PoolState::Usable);
-        // Sorted, not hashed: a pool has a few devices, mostly, and this runs for every pool.
-        let all_names = || {
-            device_slices
-                .iter()
-                .flat_map(|&s| self.slices[s as usize].spec.devices.iter().flatten())
-                .map(|d| d.name.as_str())
+        let twice = match device_slices.as_slice() {
+            // Known since the slice was received: the pool of one slice (most) reads no name.
+            [one] => self.facts[*one as usize].duplicate_name.as_deref(),
+            _ => first_duplicate(
+                device_slices
+                    .iter()
+                    .flat_map(|&s| self.slices[s as usize].spec.devices.iter().flatten())
+                    .map(|d| d.name.as_str()),
+            ),
         };
-        let mut names: Vec<&str> = all_names().collect();
-        names.sort_unstable();
-        if names.windows(2).any(|w| w[0] == w[1]) {
-            // The first name met twice, in slice order, is the one named (as upstream).
-            let mut seen = HashSet::new();
-            let twice = all_names().find(|n| !seen.insert(*n)).unwrap_or_default();
+        if let Some(twice) = twice {
             info.state = PoolState::Invalid(format!("duplicate device name {twice}"));
             return info;
         }
@@ -1400,6 +1427,9 @@ impl Snapshot {
                 }
             }
             for &s in device_slices.iter().chain(other_slices.iter()) {
+                if !self.facts[s as usize].consumes_counters {
+                    continue;
+                }
                 let (a, b) = self.slice_devices[s as usize];
                 for entry in a..b {
                     let mut flat = Vec::new();
@@ -1429,9 +1459,7 @@ impl Snapshot {
         }
         for &s in &device_slices {
             let (a, b) = self.slice_devices[s as usize];
-            if (a..b).any(|e| self.devices[e as usize].binding_conditions) {
-                info.has_binding_conditions = true;
-            }
+            info.has_binding_conditions |= self.facts[s as usize].binding_conditions;
             info.entries.extend(a..b);
         }
         info
@@ -1725,5 +1753,70 @@ mod tests {
             !Arc::ptr_eq(&third.cache.numbering, &small.numbering),
             "in another numbering"
         );
+    }
+
+    fn sym_of(snap: &Snapshot) -> Vec<u32> {
+        snap.devices.iter().map(|d| d.sym).collect()
+    }
+
+    #[test]
+    fn twins_in_two_slices_of_one_pool_and_node_are_interchangeable() {
+        let two_slices = |name: &str, twin: &str| {
+            slice(name, "g")
+                .pool("p", 1, 2)
+                .node("n")
+                .devices(vec![gpu(twin), gpu(&format!("{twin}-x")).int("x", 1)])
+                .build()
+        };
+        let elsewhere = slice("s3", "g")
+            .pool("q", 1, 1)
+            .node("m")
+            .devices(vec![gpu("e")])
+            .build();
+        let snap = Snapshot::new(SnapshotInput {
+            slices: [two_slices("s1", "a"), two_slices("s2", "c"), elsewhere]
+                .into_iter()
+                .map(|s| Arc::new(s.into()))
+                .collect(),
+            ..Default::default()
+        });
+        let sym = sym_of(&snap);
+        assert_eq!(
+            sym[0], sym[2],
+            "a and c: one pool, one node, differ in name only"
+        );
+        assert_eq!(sym[1], sym[3], "a-x and c-x likewise");
+        assert_ne!(sym[0], sym[1]);
+        assert!(
+            !sym[..4].contains(&sym[4]),
+            "e is on another node, in another pool: {sym:?}"
+        );
+    }
+
+    #[test]
+    fn a_taint_rule_sets_apart_the_devices_it_taints() {
+        let with_rules = |taint_rules| {
+            Snapshot::new(SnapshotInput {
+                slices: vec![Arc::new(
+                    slice("s", "g")
+                        .pool("p", 1, 1)
+                        .node("n")
+                        .devices(vec![gpu("a"), gpu("b"), gpu("c")])
+                        .build()
+                        .into(),
+                )],
+                taint_rules,
+                ..Default::default()
+            })
+        };
+        let untainted = sym_of(&with_rules(Vec::new()));
+        assert!(
+            untainted.iter().all(|&s| s == untainted[0]),
+            "{untainted:?}"
+        );
+        let rule = taint_rule("r", None, None, Some("b"), "k", "NoSchedule");
+        let tainted = sym_of(&with_rules(vec![rule]));
+        assert_eq!(tainted[0], tainted[2]);
+        assert_ne!(tainted[0], tainted[1], "only b is tainted: {tainted:?}");
     }
 }
