@@ -292,6 +292,12 @@ impl<'s, 'v> Evaluator<'s, 'v> {
                         };
                         Ok(constant(b))
                     }
+                    // Kubernetes' `==` (see `library::k8s_eq`): the operands evaluated
+                    // here, as `_==_`'s, not by the interpreter (device lookups are direct).
+                    (crate::library::EQUALS, [a, b]) => {
+                        let operands = [self.eval(a, ctx)?, self.eval(b, ctx)?];
+                        crate::library::k8s_eq(&operands).map(constant)
+                    }
                     (op @ ("_==_" | "_!=_"), [a, b]) => {
                         let l = self.eval(a, ctx)?;
                         let r = self.eval(b, ctx)?;

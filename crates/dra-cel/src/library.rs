@@ -406,7 +406,7 @@ pub(crate) const EQUALS: &str = "@k8s_equals";
 
 /// cel-go asks the left operand: a quantity or a version compared with a value of another type
 /// is a "no such overload" error there, where CEL's own types just answer false.
-fn k8s_eq(args: &[CowVal<'_, '_>]) -> Result<bool, ExecutionError> {
+pub(crate) fn k8s_eq(args: &[CowVal<'_, '_>]) -> Result<bool, ExecutionError> {
     let (a, b) = (args[0].as_ref(), args[1].as_ref());
     let special =
         a.downcast_ref::<QuantityVal>().is_some() || a.downcast_ref::<SemverVal>().is_some();
