@@ -41,14 +41,10 @@ impl Numbering {
         })
     }
 
-    /// The numbering new slices are numbered in: the last one, unless it is full.
+    /// The numbering new slices are numbered in: the process's last one, unless it is full.
     pub fn current() -> Arc<Numbering> {
-        static CURRENT: Mutex<Option<Arc<Numbering>>> = Mutex::new(None);
-        let mut current = CURRENT.lock().expect("not poisoned");
-        match &*current {
-            Some(n) if !n.full() => Arc::clone(n),
-            _ => Arc::clone(current.insert(Numbering::new(LIMIT))),
-        }
+        static CURRENT: Current = Current(Mutex::new(None));
+        CURRENT.get(LIMIT)
     }
 
     /// It holds as many numbers as it may: no snapshot should start on it any more.
@@ -77,6 +73,19 @@ impl Numbering {
             previous = Some(maps);
         }
         views
+    }
+}
+
+/// The numbering in use, replaced by a fresh one of `limit` numbers once it is full.
+struct Current(Mutex<Option<Arc<Numbering>>>);
+
+impl Current {
+    fn get(&self, limit: usize) -> Arc<Numbering> {
+        let mut current = self.0.lock().expect("not poisoned");
+        match &*current {
+            Some(n) if !n.full() => Arc::clone(n),
+            _ => Arc::clone(current.insert(Numbering::new(limit))),
+        }
     }
 }
 
@@ -440,6 +449,23 @@ mod tests {
         assert_ne!(a, c);
         assert_ne!(a, d, "the driver is visible");
         assert_ne!(a, e, "an int and a version are different values");
+    }
+
+    #[test]
+    fn a_full_numbering_is_replaced_and_the_old_one_kept_by_its_users() {
+        let current = Current(Mutex::new(None));
+        let first = current.get(4);
+        assert!(Arc::ptr_eq(&first, &current.get(4)), "not full: the same");
+        let mut pairs = Pairs::new();
+        let mut gpu = device("a").string("model", "h100").build();
+        let maps = crate::slice::DeviceMaps::take(&mut gpu);
+        first.number("g", [(&gpu, &maps)].into_iter(), &mut pairs);
+        // The driver, "model", "h100" and the view: four numbers.
+        assert!(first.full());
+        let second = current.get(4);
+        assert!(!Arc::ptr_eq(&first, &second), "full: a fresh one");
+        assert_eq!(second.read().len(), 0);
+        assert_eq!(first.read().len(), 4, "left as it was for whoever holds it");
     }
 
     #[test]

@@ -12,7 +12,10 @@
 //!   threads; per-pool indexes and a selector-result cache live inside.
 //! * [`Slice`] is a ResourceSlice as the snapshot (and the scheduler) keeps it: the API
 //!   object with each device's attribute and capacity maps moved out into sorted boxed
-//!   slices ([`DeviceMaps`]), about a third of the `BTreeMap`s' memory.
+//!   slices ([`DeviceMaps`]), about a third of the `BTreeMap`s' memory. Receiving it
+//!   (`Slice::from`) also works out what a snapshot needs of it alone: each device's
+//!   numbers (what CEL can see of it, in a process-wide numbering), parsed capacity and
+//!   counters, signature; a snapshot copies those instead of reading every device again.
 //! * [`Allocator`] is built from a snapshot and one pod's unallocated claims. It resolves
 //!   classes and compiles selectors once; invalid claims, missing classes and CEL errors fail
 //!   here or in `allocate` with an [`AllocError`] for the whole attempt.

@@ -701,14 +701,9 @@ impl<'a> NodeRun<'a> {
                     continue;
                 }
             }
-            let (_, api_device) = self.snap.device(d.entry);
             // DRANodeAllocatableResources off: never allocated (the mapped CPU or memory
             // would not be counted), said so.
-            let maps_node_resources = !features.node_allocatable_resources
-                && api_device
-                    .node_allocatable_resources
-                    .as_ref()
-                    .is_some_and(|m| !m.is_empty());
+            let maps_node_resources = !features.node_allocatable_resources && entry.node_resources;
             let node_operations = !self.node_operations_allow(d.entry);
             let tainted = features.device_taints && taint_blocks(&entry.taints, &r.tolerations);
             let parsed = self.snap.parsed(d.entry);

@@ -141,6 +141,8 @@ pub(crate) struct DeviceEntry {
     pub numa: Option<u32>,
     /// The device has binding conditions.
     pub binding_conditions: bool,
+    /// The device maps node allocatable resources (`nodeAllocatableResources`).
+    pub node_resources: bool,
     /// The slice selects nodes per device (`perDeviceNodeSelection`).
     pub per_device: bool,
     /// Taints from the slice plus matching DeviceTaintRules.
@@ -722,6 +724,7 @@ impl Snapshot {
                     parsed: f.parsed,
                     numa,
                     binding_conditions: f.binding_conditions,
+                    node_resources: f.node_resources,
                     per_device: spec.per_device_node_selection == Some(true),
                     sym,
                     view,
