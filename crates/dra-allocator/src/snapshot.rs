@@ -238,7 +238,8 @@ pub struct SelectorCache {
     id: u64,
     pub(crate) env: dra_cel::Environment,
     options: bool,
-    /// The numbers results are keyed by (written as slices arrive, never changed).
+    /// The numbers results are keyed by: added to as slices arrive; a number once given
+    /// never changes.
     numbering: Arc<crate::intern::Numbering>,
     expr_ids: RwLock<HashMap<String, u32>>,
     results: Vec<RwLock<ResultShard>>,
