@@ -58,6 +58,8 @@ pub(crate) struct DeviceFacts {
     /// (counters, per-device placement, binding conditions, capacity request policies).
     pub rare_fields: bool,
     pub taints: bool,
+    /// Its parsed entry is [`Parsed::plain`].
+    pub plain_parsed: bool,
 }
 
 impl std::fmt::Debug for SliceFacts {
@@ -116,6 +118,7 @@ impl SliceFacts {
                 parsed: parsed.len() as u32 - 1,
                 binding_conditions: device.binding_conditions.is_some(),
                 consumes_counters: !parsed.last().expect("pushed").counters.is_empty(),
+                plain_parsed: parsed.last().expect("pushed").plain(),
                 node_resources: device
                     .node_allocatable_resources
                     .as_ref()

@@ -704,28 +704,32 @@ impl<'a> NodeRun<'a> {
             // DRANodeAllocatableResources off: never allocated (the mapped CPU or memory
             // would not be counted), said so.
             let maps_node_resources = !features.node_allocatable_resources && entry.node_resources;
-            let node_operations = !self.node_operations_allow(d.entry);
+            let node_operations =
+                entry.skip_node_operations && !self.node_operations_allow(d.entry);
             let tainted = features.device_taints && taint_blocks(&entry.taints, &r.tolerations);
-            let parsed = self.snap.parsed(d.entry);
-            let unusable = parsed.broken.is_some()
-                || (!features.partitionable_devices && !parsed.counters.is_empty())
-                || node_operations
+            // Only shared devices, and those whose capacity shares use, keep the amount.
+            let keeps_amount = d.multi || !d.used_capacity.is_empty();
+            // Most devices: nothing in their capacity or counters to check and no amount
+            // to keep, so their parsed entry is not read.
+            let parsed = (!entry.plain_parsed || r.capacity.is_some() || keeps_amount)
+                .then(|| self.snap.parsed(d.entry));
+            let unusable = parsed.is_some_and(|p| {
+                p.broken.is_some() || (!features.partitionable_devices && !p.counters.is_empty())
+            }) || node_operations
                 || maps_node_resources;
             let mut need = None;
-            if features.consumable_capacity {
+            if features.consumable_capacity
+                && let Some(parsed) = parsed
+            {
                 let computed = match (
                     &r.capacity,
                     parsed.unrequested(features.fractional_capacity_range),
                 ) {
                     // Same for every request without capacity stanza: computed once per device.
                     // Only shared devices keep the amount, so others need no copy.
-                    (None, Ok(n)) => Ok(n.as_ref().map(|v| {
-                        if d.multi || !d.used_capacity.is_empty() {
-                            v.clone()
-                        } else {
-                            Vec::new()
-                        }
-                    })),
+                    (None, Ok(n)) => Ok(n
+                        .as_ref()
+                        .map(|v| if keeps_amount { v.clone() } else { Vec::new() })),
                     _ => consumption(
                         r.capacity.as_deref(),
                         &parsed.capacity,
@@ -758,7 +762,7 @@ impl<'a> NodeRun<'a> {
             }
             // Only devices with capacity used by shares need the amount later; for the
             // others the static check above is the whole check.
-            if let Some(n) = need.filter(|_| d.multi || !d.used_capacity.is_empty()) {
+            if let Some(n) = need.filter(|_| keeps_amount) {
                 rr.need.insert(di, n);
             }
             if r.all {

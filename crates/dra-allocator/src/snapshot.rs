@@ -145,6 +145,11 @@ pub(crate) struct DeviceEntry {
     pub node_resources: bool,
     /// The slice selects nodes per device (`perDeviceNodeSelection`).
     pub per_device: bool,
+    /// The slice asks to skip node operations (`skipNodeOperations` not empty).
+    pub skip_node_operations: bool,
+    /// Its [`Parsed`] is [`Parsed::plain`]: nothing there to check for a request without
+    /// `capacity` (the search then leaves it unread).
+    pub plain_parsed: bool,
     /// Taints from the slice plus matching DeviceTaintRules.
     pub taints: Vec<DeviceTaint>,
     /// The device's capacity and counters, parsed: its number in its slice's facts.
@@ -183,6 +188,14 @@ impl Parsed {
             broken,
             capacity,
         }
+    }
+
+    /// Usable, with no counters, and a request without `capacity` fits it whether
+    /// fractional ranges are on or off: all a search checks of most devices.
+    pub fn plain(&self) -> bool {
+        self.broken.is_none()
+            && self.counters.is_empty()
+            && self.unrequested.iter().all(|u| matches!(u, Ok(Some(_))))
     }
 
     /// What a request without `capacity` consumes (`Ok(None)`: it does not fit).
@@ -282,7 +295,39 @@ struct LastRead {
     matches: bool,
 }
 
+thread_local! {
+    /// A read key's buffer and the last result, per thread.
+    static READ_KEY: std::cell::RefCell<(Vec<u32>, LastRead)> =
+        std::cell::RefCell::new((Vec::new(), LastRead::default()));
+}
+
+/// What a read key starts with, before the value of each read.
+fn read_key_head(expr: u32, view: &crate::intern::DeviceView) -> [u32; 3] {
+    [expr, view.driver, u32::from(view.multi)]
+}
+
 impl LastRead {
+    /// The remembered result, if it is for this cache and the key `view` would give.
+    fn holds(
+        &self,
+        cache: u64,
+        expr: u32,
+        view: &crate::intern::DeviceView,
+        pairs: &[(u32, u32)],
+        reads: &[ReadIds],
+    ) -> Option<bool> {
+        let head = read_key_head(expr, view);
+        let (key_head, values) = self.key.split_at_checked(head.len())?;
+        let same = self.cache == cache
+            && key_head == head
+            && values.len() == reads.len()
+            && reads
+                .iter()
+                .zip(values)
+                .all(|(r, &v)| view.value(pairs, r) == v);
+        same.then_some(self.matches)
+    }
+
     fn remember(&mut self, cache: u64, key: &[u32], matches: bool) {
         self.cache = cache;
         self.key.clear();
@@ -628,7 +673,7 @@ impl Snapshot {
         let mut maps_node_resources = false;
         let mut texts = Texts::default();
         let mut rests = Rests::default();
-        let mut placements: HashMap<PlacementKey<'_>, u32> = HashMap::with_capacity(slices.len());
+        let mut placements: HashMap<PlacementKey<'_>, u32> = HashMap::new();
         let mut devices = Vec::with_capacity(n_devices);
         let mut slice_devices = Vec::with_capacity(slices.len());
         let id_seed = foldhash::fast::RandomState::default();
@@ -640,17 +685,44 @@ impl Snapshot {
         let mut compat_slices: Vec<bool> = Vec::with_capacity(slices.len());
         // The NUMA id of each value number met under NUMA_ATTRIBUTE.
         let mut numa_by_value: NumMap<u32, Option<u32>> = NumMap::default();
-        // Per slice its placement, and per placement how many slices have it.
-        let mut slice_placement = Vec::with_capacity(slices.len());
-        let mut placement_slices: Vec<u32> = Vec::new();
-        for slice in &slices {
-            let next = placements.len() as u32;
-            let placement = *placements.entry(placement_key(&slice.spec)).or_insert(next);
-            if placement == next {
-                placement_slices.push(0);
+        // Sorted by (driver, pool), then input order: one sort, no map entry per pool.
+        let keyed = pool_sorted(&slices);
+        let mut slice_pool = vec![0u32; slices.len()];
+        let mut pool_ranges: Vec<(u32, u32)> = Vec::new();
+        for (i, &(driver, pool, si)) in keyed.iter().enumerate() {
+            let next = i.checked_sub(1).is_none_or(|p| {
+                let (d, p, _) = keyed[p];
+                (d, p) != (driver, pool)
+            });
+            if next {
+                pool_ranges.push((i as u32, i as u32));
             }
-            placement_slices[placement as usize] += 1;
-            slice_placement.push(placement);
+            let last = pool_ranges.last_mut().expect("pushed");
+            last.1 += 1;
+            slice_pool[si as usize] = pool_ranges.len() as u32 - 1;
+        }
+        let pool_order: Vec<u32> = keyed.iter().map(|&(_, _, si)| si).collect();
+        drop(keyed);
+        // Per slice its placement, and per placement how many slices have it. A placement
+        // names the pool, so the slice alone in its pool (most) is alone with its
+        // placement: no key is built for it.
+        let mut slice_placement = vec![0u32; slices.len()];
+        let mut placement_slices: Vec<u32> = Vec::new();
+        for &(from, to) in &pool_ranges {
+            for &si in &pool_order[from as usize..to as usize] {
+                let placement = if to - from == 1 {
+                    placement_slices.len() as u32
+                } else {
+                    let next = placement_slices.len() as u32;
+                    let key = placement_key(&slices[si as usize].spec);
+                    *placements.entry(key).or_insert(next)
+                };
+                if placement as usize == placement_slices.len() {
+                    placement_slices.push(0);
+                }
+                placement_slices[placement as usize] += 1;
+                slice_placement[si as usize] = placement;
+            }
         }
         let mut next_sym = 0;
         for (si, (slice, facts)) in slices.iter().zip(&facts).enumerate() {
@@ -727,6 +799,11 @@ impl Snapshot {
                     binding_conditions: f.binding_conditions,
                     node_resources: f.node_resources,
                     per_device: spec.per_device_node_selection == Some(true),
+                    skip_node_operations: spec
+                        .skip_node_operations
+                        .as_ref()
+                        .is_some_and(|s| !s.is_empty()),
+                    plain_parsed: f.plain_parsed,
                     sym,
                     view,
                     sel_known: AtomicU64::new(0),
@@ -748,29 +825,6 @@ impl Snapshot {
             }
         }
         node_slices.sort_unstable();
-        // Sorted by (driver, pool), then input order: one sort, no map entry per pool.
-        let mut keyed: Vec<(&str, &str, u32)> = slices
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.spec.driver.as_str(), s.spec.pool.name.as_str(), i as u32))
-            .collect();
-        keyed.sort_unstable();
-        let mut slice_pool = vec![0u32; slices.len()];
-        let mut pool_ranges: Vec<(u32, u32)> = Vec::new();
-        for (i, &(driver, pool, si)) in keyed.iter().enumerate() {
-            let next = i.checked_sub(1).is_none_or(|p| {
-                let (d, p, _) = keyed[p];
-                (d, p) != (driver, pool)
-            });
-            if next {
-                pool_ranges.push((i as u32, i as u32));
-            }
-            let last = pool_ranges.last_mut().expect("pushed");
-            last.1 += 1;
-            slice_pool[si as usize] = pool_ranges.len() as u32 - 1;
-        }
-        let pool_order: Vec<u32> = keyed.iter().map(|&(_, _, si)| si).collect();
-        drop(keyed);
         let pool_keys_len = pool_ranges.len();
         let mut snapshot = Snapshot {
             features,
@@ -823,7 +877,6 @@ impl Snapshot {
         let mut cache = Vec::new();
         for pi in 0..snapshot.pool_ranges.len() as u32 {
             let all = snapshot.pool_slices(pi);
-            let (driver, pool) = snapshot.pool_key(pi);
             cache.push(None);
             let newest = all
                 .iter()
@@ -848,7 +901,7 @@ impl Snapshot {
                 continue;
             }
             let n = same.len();
-            let stat = snapshot.build_static(driver, pool, same, Vec::new());
+            let stat = snapshot.build_static(pi, same, Vec::new());
             cache[pi as usize] = Some((generation, n, Arc::new(stat)));
         }
         snapshot.pool_cache = cache;
@@ -960,10 +1013,9 @@ impl Snapshot {
         &self.pool_order[start as usize..end as usize]
     }
 
-    /// Pool `pool`'s driver and name.
-    fn pool_key(&self, pool: u32) -> (&str, &str) {
-        let spec = &self.slices[self.pool_slices(pool)[0] as usize].spec;
-        (&spec.driver, &spec.pool.name)
+    /// A slice of pool `pool`: its driver and pool name name the pool.
+    fn pool_named_by(&self, pool: u32) -> &Arc<crate::Slice> {
+        &self.slices[self.pool_slices(pool)[0] as usize]
     }
 
     /// The pools `node` may see: its own slices' pools, and every pool of slices not tied
@@ -1074,21 +1126,7 @@ impl Snapshot {
             return Some(e.sel_value.load(Ordering::Relaxed) & (1 << expr) != 0);
         }
         let hit = match reads {
-            Some(reads) => self.with_read_key(expr, entry, reads, |last, key| {
-                if last.cache == self.cache.id && last.key == key {
-                    return Some(last.matches);
-                }
-                let hit = self
-                    .read_shard(key)
-                    .read()
-                    .expect("not poisoned")
-                    .get(key)
-                    .copied();
-                if let Some(b) = hit {
-                    last.remember(self.cache.id, key, b);
-                }
-                hit
-            }),
+            Some(reads) => self.read_result(expr, entry, reads),
             None => self
                 .shard(expr, e.view.id)
                 .read()
@@ -1102,6 +1140,29 @@ impl Snapshot {
         hit
     }
 
+    /// The cached result for what `reads` sees of a device: this thread's last one when
+    /// the device reads the same (compared in place: no key built), else the shared map's.
+    fn read_result(&self, expr: u32, entry: u32, reads: &[ReadIds]) -> Option<bool> {
+        let e = &self.devices[entry as usize];
+        let pairs = &self.facts[e.slice as usize].pairs;
+        READ_KEY
+            .with_borrow_mut(|(_, last)| last.holds(self.cache.id, expr, &e.view, pairs, reads))
+            .or_else(|| {
+                self.with_read_key(expr, entry, reads, |last, key| {
+                    let hit = self
+                        .read_shard(key)
+                        .read()
+                        .expect("not poisoned")
+                        .get(key)
+                        .copied();
+                    if let Some(b) = hit {
+                        last.remember(self.cache.id, key, b);
+                    }
+                    hit
+                })
+            })
+    }
+
     /// Runs `f` with this thread's last read-key result and the key for what `reads` sees
     /// of a device (per-thread buffers: no allocation per lookup).
     fn with_read_key<T>(
@@ -1111,15 +1172,11 @@ impl Snapshot {
         reads: &[ReadIds],
         f: impl FnOnce(&mut LastRead, &[u32]) -> T,
     ) -> T {
-        thread_local! {
-            static BUF: std::cell::RefCell<(Vec<u32>, LastRead)> =
-                std::cell::RefCell::new((Vec::new(), LastRead::default()));
-        }
         let e = &self.devices[entry as usize];
         let (view, pairs) = (&e.view, &self.facts[e.slice as usize].pairs);
-        BUF.with_borrow_mut(|(buf, last)| {
+        READ_KEY.with_borrow_mut(|(buf, last)| {
             buf.clear();
-            buf.extend([expr, view.driver, u32::from(view.multi)]);
+            buf.extend(read_key_head(expr, view));
             buf.extend(reads.iter().map(|r| view.value(pairs, r)));
             f(last, buf)
         })
@@ -1309,7 +1366,6 @@ impl Snapshot {
             let generation = group.iter().map(|t| t.1).max().expect("not empty");
             let newest = || group.iter().filter(|t| t.1 == generation).map(|t| t.2);
             let n = newest().count();
-            let (driver, pool) = self.pool_key(pi);
             let first = newest().next().expect("not empty");
             let count = self.slices[first as usize].spec.pool.resource_slice_count;
             let mut not_targeting = Vec::new();
@@ -1328,7 +1384,10 @@ impl Snapshot {
                     .filter(|&s| !self.compat_slices[s as usize])
                     .collect();
                 if same.len() as i64 != count {
-                    pools.push(PoolInfo::broken(driver, pool, PoolState::Incomplete));
+                    pools.push(PoolInfo::broken(
+                        self.pool_named_by(pi),
+                        PoolState::Incomplete,
+                    ));
                     continue;
                 }
                 not_targeting = same
@@ -1341,9 +1400,7 @@ impl Snapshot {
                 .filter(|(g, c, _)| *g == generation && *c == n && not_targeting.is_empty());
             let stat = match cached {
                 Some((_, _, s)) => Arc::clone(s),
-                None => {
-                    Arc::new(self.build_static(driver, pool, newest().collect(), not_targeting))
-                }
+                None => Arc::new(self.build_static(pi, newest().collect(), not_targeting)),
             };
             let info = self.instantiate(stat);
             if info.has_binding_conditions {
@@ -1358,13 +1415,7 @@ impl Snapshot {
 
     /// The node-independent part of a pool: slices sorted by name, validity, shared
     /// counters flattened, each device's consumption resolved.
-    fn build_static(
-        &self,
-        driver: &str,
-        pool: &str,
-        mut slices: Vec<u32>,
-        not_targeting: Vec<u32>,
-    ) -> PoolStatic {
+    fn build_static(&self, pi: u32, mut slices: Vec<u32>, not_targeting: Vec<u32>) -> PoolStatic {
         slices.sort_by(|a, b| {
             self.slices[*a as usize]
                 .metadata
@@ -1373,24 +1424,35 @@ impl Snapshot {
         });
         let has_counters =
             |s: u32| self.features.partitionable_devices && self.facts[s as usize].shared_counters;
-        let mut device_slices = Vec::new();
-        let mut counter_slices = Vec::new();
-        for &s in &slices {
-            if has_counters(s) {
-                counter_slices.push(s)
-            } else {
-                device_slices.push(s)
+        let (mut device_slices, mut counter_slices, mut other_slices): (
+            Vec<u32>,
+            Vec<u32>,
+            Vec<u32>,
+        ) = Default::default();
+        if slices
+            .iter()
+            .chain(&not_targeting)
+            .any(|&s| has_counters(s))
+        {
+            for &s in &slices {
+                if has_counters(s) {
+                    counter_slices.push(s)
+                } else {
+                    device_slices.push(s)
+                }
             }
-        }
-        let mut other_slices = Vec::new();
-        for &s in &not_targeting {
-            if has_counters(s) {
-                counter_slices.push(s)
-            } else {
-                other_slices.push(s)
+            for &s in &not_targeting {
+                if has_counters(s) {
+                    counter_slices.push(s)
+                } else {
+                    other_slices.push(s)
+                }
             }
+        } else {
+            // No shared counters (most pools): the lists are the ones given.
+            (device_slices, other_slices) = (slices, not_targeting);
         }
-        let mut info = PoolStatic::new(driver, pool, PoolState::Usable);
+        let mut info = PoolStatic::new(self.pool_named_by(pi), PoolState::Usable);
         let twice = match device_slices.as_slice() {
             // Known since the slice was received: the pool of one slice (most) reads no name.
             [one] => self.facts[*one as usize].duplicate_name.as_deref(),
@@ -1582,11 +1644,56 @@ pub(crate) enum PoolState {
     Invalid(String),
 }
 
+/// Every slice as (driver, pool, its index), sorted. Strings are compared only where the
+/// cheap keys tie: drivers (few) by rank, pool names first by their first 8 bytes.
+fn pool_sorted(slices: &[Arc<crate::Slice>]) -> Vec<(&str, &str, u32)> {
+    let mut drivers: Vec<&str> = Vec::new();
+    for s in slices {
+        let d = s.spec.driver.as_str();
+        if drivers.last() != Some(&d) && !drivers.contains(&d) {
+            drivers.push(d);
+        }
+    }
+    drivers.sort_unstable();
+    let rank = |d: &str| drivers.iter().position(|&x| x == d).expect("listed") as u32;
+    let mut keyed: Vec<(u32, u64, &str, u32)> = Vec::with_capacity(slices.len());
+    let mut last: Option<(&str, u32)> = None;
+    for (i, s) in slices.iter().enumerate() {
+        let d = s.spec.driver.as_str();
+        let r = match last {
+            Some((x, r)) if x == d => r,
+            _ => rank(d),
+        };
+        last = Some((d, r));
+        let pool = s.spec.pool.name.as_str();
+        keyed.push((r, name_prefix(pool), pool, i as u32));
+    }
+    // Equal prefixes order as the names do (a name's end pads with zeros, below any
+    // byte but zero, where the names tie anyway), so the full order is the strings'.
+    keyed.sort_unstable_by(|a, b| {
+        (a.0, a.1)
+            .cmp(&(b.0, b.1))
+            .then_with(|| (a.2, a.3).cmp(&(b.2, b.3)))
+    });
+    keyed
+        .into_iter()
+        .map(|(r, _, pool, i)| (drivers[r as usize], pool, i))
+        .collect()
+}
+
+/// A name's first 8 bytes as a big-endian number (zeros past its end).
+fn name_prefix(name: &str) -> u64 {
+    let mut bytes = [0u8; 8];
+    let n = name.len().min(8);
+    bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+    u64::from_be_bytes(bytes)
+}
+
 /// The node-independent part of a pool, shared between nodes.
 #[derive(Debug)]
 pub(crate) struct PoolStatic {
-    pub driver: String,
-    pub pool: String,
+    /// A slice of the pool: its driver and pool name name the pool (no copy of either).
+    named_by: Arc<crate::Slice>,
     pub state: PoolState,
     /// Device entries of the slices that target the node, in order (slices by name).
     pub entries: Vec<u32>,
@@ -1607,10 +1714,9 @@ pub(crate) struct PoolStatic {
 }
 
 impl PoolStatic {
-    fn new(driver: &str, pool: &str, state: PoolState) -> Self {
+    fn new(named_by: &Arc<crate::Slice>, state: PoolState) -> Self {
         PoolStatic {
-            driver: driver.to_string(),
-            pool: pool.to_string(),
+            named_by: Arc::clone(named_by),
             state,
             entries: Vec::new(),
             has_binding_conditions: false,
@@ -1624,7 +1730,8 @@ impl PoolStatic {
     }
 
     pub fn id(&self) -> String {
-        format!("{}/{}", self.driver, self.pool)
+        let spec = &self.named_by.spec;
+        format!("{}/{}", spec.driver, spec.pool.name)
     }
 }
 
@@ -1647,9 +1754,9 @@ impl std::ops::Deref for PoolInfo {
 }
 
 impl PoolInfo {
-    fn broken(driver: &str, pool: &str, state: PoolState) -> Self {
+    fn broken(named_by: &Arc<crate::Slice>, state: PoolState) -> Self {
         PoolInfo {
-            s: Arc::new(PoolStatic::new(driver, pool, state)),
+            s: Arc::new(PoolStatic::new(named_by, state)),
             available: Vec::new(),
             compat_base: Vec::new(),
         }
@@ -1822,5 +1929,40 @@ mod tests {
         let tainted = sym_of(&with_rules(vec![rule]));
         assert_eq!(tainted[0], tainted[2]);
         assert_ne!(tainted[0], tainted[1], "only b is tainted: {tainted:?}");
+    }
+
+    #[test]
+    fn pools_are_sorted_by_driver_then_pool_name_as_strings_are() {
+        // Names that tie on their first 8 bytes, end inside them, or hold a zero byte.
+        let names = [
+            "node-10",
+            "node-1",
+            "node-100000",
+            "node-10000",
+            "",
+            "a\0",
+            "a",
+            "nodes-b",
+            "node-100001",
+            "node-1",
+            "zz",
+            "node-99999999",
+        ];
+        let drivers = ["gpu.example.com", "a.example.com", "gpu.example.com"];
+        let slices: Vec<Arc<crate::Slice>> = names
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let driver = drivers[i % drivers.len()];
+                Arc::new(slice(&format!("s{i}"), driver).pool(p, 1, 1).build().into())
+            })
+            .collect();
+        let mut want: Vec<(&str, &str, u32)> = slices
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.spec.driver.as_str(), s.spec.pool.name.as_str(), i as u32))
+            .collect();
+        want.sort();
+        assert_eq!(pool_sorted(&slices), want);
     }
 }

@@ -4,7 +4,8 @@
 //! the `AllocationResult`s of one node ([`common::one_pod`]); the reference allocates on
 //! every node, building results for each. Slow (the reference needs
 //! seconds on c and d), so it is ignored by default:
-//! `cargo test --release -p dra-allocator --test reference_times -- --ignored --nocapture`.
+//! `cargo test --release -p dra-allocator --test reference_times -- --ignored --nocapture`
+//! (`CASE=a` runs only case a).
 
 mod common;
 
@@ -93,7 +94,12 @@ fn our_time(case: &common::Case, runs: u32, mode: Mode) -> (Duration, usize) {
 #[ignore]
 fn reference_times() {
     let bin = common::allocref();
+    // `CASE=a`: only the cases whose names start so.
+    let only = std::env::var("CASE").unwrap_or_default();
     for (name, make) in common::cases::all() {
+        if !name.starts_with(&only) {
+            continue;
+        }
         let mut case = make();
         // Enough pods that one quiet moment of this shared machine is among them.
         let (ours, fits) = our_time(&case, 20, Mode::Warm);
