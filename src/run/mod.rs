@@ -26,6 +26,7 @@ mod preemption;
 pub mod queue;
 mod storage;
 pub mod throttle;
+pub mod transport;
 mod workloads;
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
@@ -508,7 +509,10 @@ async fn clients_for(config: &Config) -> anyhow::Result<(Client, Client)> {
     let kube_config = kube_config(config.kubeconfig.as_deref()).await?;
     let mut no_retry = kube_config.clone();
     no_retry.default_retry = false;
-    Ok((Client::try_from(kube_config)?, Client::try_from(no_retry)?))
+    Ok((
+        transport::client(kube_config)?,
+        transport::client(no_retry)?,
+    ))
 }
 
 /// How long a pod's first try may search for devices. Almost every pod is decided well
