@@ -70,6 +70,8 @@ pub struct Requests {
     pub writes: f64,
     /// "VERB resource[/subresource]" → count.
     pub by_kind: BTreeMap<String, f64>,
+    /// Writes' "VERB resource[/subresource]" → the API server's mean time for one, ms.
+    pub server_ms: BTreeMap<String, f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -84,6 +86,12 @@ pub struct Outcome {
     pub seconds: f64,
     /// Creation to binding of each bound pod, seconds, sorted.
     pub latencies: Vec<f64>,
+    /// The two parts of each bound pod's latency, seconds, each sorted: creation to the
+    /// harness's watch seeing the pod's claim named in its status (kube-controller-manager
+    /// made it from the template: the same work for every runner), and from there to
+    /// binding (what the scheduler, or the write ceiling, adds).
+    pub to_claim: Vec<f64>,
+    pub claim_to_bound: Vec<f64>,
     /// Seconds since the start at which each pod was seen bound, sorted.
     pub curve: Vec<f64>,
     /// The scheduler process's CPU seconds (user + system) in the measured window.
@@ -101,13 +109,23 @@ impl Outcome {
     }
 
     pub fn quantile(&self, q: f64) -> Option<f64> {
-        let n = self.latencies.len();
-        (n > 0).then(|| self.latencies[((n as f64 * q).ceil() as usize).clamp(1, n) - 1])
+        quantile(&self.latencies, q)
     }
 
     pub fn complete(&self) -> bool {
         self.pods >= self.expected
     }
+}
+
+/// The `q` quantile of `sorted`.
+pub fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
+    let n = sorted.len();
+    (n > 0).then(|| sorted[((n as f64 * q).ceil() as usize).clamp(1, n) - 1])
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
 }
 
 /// Knobs every run shares.
@@ -203,7 +221,10 @@ pub async fn run(plan: &Plan, runner: Runner, settings: &Settings) -> Outcome {
     let by_kind: String = requests
         .by_kind
         .iter()
-        .map(|(k, v)| format!("{v:>8} {k}\n"))
+        .map(|(k, v)| match requests.server_ms.get(k) {
+            Some(ms) => format!("{v:>8} {k} ({ms:.1} ms each in the API server)\n"),
+            None => format!("{v:>8} {k}\n"),
+        })
         .collect();
     let _ = std::fs::write(dir.join(format!("{tag}.apiserver-requests.txt")), by_kind);
     let mut notes = Vec::new();
@@ -220,18 +241,25 @@ pub async fn run(plan: &Plan, runner: Runner, settings: &Settings) -> Outcome {
         Arrival::Burst { pods } => pods,
         Arrival::Steady { .. } => 0,
     };
-    let mut latencies: Vec<f64> = trace
-        .bound
-        .iter()
-        .filter_map(|(name, at)| Some((*at - *trace.created.get(name)?).as_secs_f64()))
-        .collect();
-    latencies.sort_by(f64::total_cmp);
-    let mut curve: Vec<f64> = trace
-        .bound
-        .values()
-        .map(|at| (*at - trace.start).as_secs_f64())
-        .collect();
-    curve.sort_by(f64::total_cmp);
+    let between = |from: &HashMap<String, Instant>, to: &HashMap<String, Instant>| {
+        sorted(
+            trace
+                .bound
+                .keys()
+                .filter_map(|name| Some((*to.get(name)? - *from.get(name)?).as_secs_f64()))
+                .collect(),
+        )
+    };
+    let latencies = between(&trace.created, &trace.bound);
+    let to_claim = between(&trace.created, &trace.claimed);
+    let claim_to_bound = between(&trace.claimed, &trace.bound);
+    let curve = sorted(
+        trace
+            .bound
+            .values()
+            .map(|at| (*at - trace.start).as_secs_f64())
+            .collect(),
+    );
     Outcome {
         runner,
         workload: plan.workload,
@@ -239,6 +267,8 @@ pub async fn run(plan: &Plan, runner: Runner, settings: &Settings) -> Outcome {
         expected,
         seconds: trace.seconds,
         latencies,
+        to_claim,
+        claim_to_bound,
         curve,
         cpu_s: cpu_before.zip(cpu_after).map(|(a, b)| b - a),
         rss_mib,
@@ -322,18 +352,25 @@ where
         .unwrap_or_else(|e| panic!("create {}: {e}", K::kind(&Default::default())));
 }
 
-/// When each measured pod was sent for creation and seen bound.
+/// When each measured pod was sent for creation, seen with its claim, and seen bound.
 struct Trace {
     start: Instant,
     seconds: f64,
     created: HashMap<String, Instant>,
+    claimed: HashMap<String, Instant>,
     bound: HashMap<String, Instant>,
 }
 
-/// A watch on namespace `test` that reports each pod the first time it is seen bound.
-/// Returns once the watch has listed, so no binding is missed.
-async fn watch_bound(client: &Client) -> mpsc::UnboundedReceiver<(String, Instant)> {
+/// The first time the watch saw each pod's claim named in its status.
+type Claimed = Arc<Mutex<HashMap<String, Instant>>>;
+
+/// A watch on namespace `test` that reports each pod the first time it is seen bound, and
+/// notes when it was first seen with its claim. Returns once the watch has listed, so no
+/// binding is missed.
+async fn watch_bound(client: &Client) -> (mpsc::UnboundedReceiver<(String, Instant)>, Claimed) {
     let (tx, rx) = mpsc::unbounded_channel();
+    let claimed = Claimed::default();
+    let claims = claimed.clone();
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "test");
     tokio::spawn(async move {
@@ -354,6 +391,11 @@ async fn watch_bound(client: &Client) -> mpsc::UnboundedReceiver<(String, Instan
                 _ => continue,
             };
             let at = Instant::now();
+            if let Some(name) = pod.metadata.name.as_ref()
+                && has_claim(&pod)
+            {
+                claims.lock().unwrap().entry(name.clone()).or_insert(at);
+            }
             if common::node_of(&pod).is_some()
                 && let Some(name) = pod.metadata.name
                 && seen.insert(name.clone())
@@ -364,7 +406,15 @@ async fn watch_bound(client: &Client) -> mpsc::UnboundedReceiver<(String, Instan
         }
     });
     let _ = ready_rx.await;
-    rx
+    (rx, claimed)
+}
+
+/// Whether the pod's status names a claim made for it.
+fn has_claim(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_ref())
+        .is_some_and(|s| s.iter().any(|c| c.resource_claim_name.is_some()))
 }
 
 async fn create_pod(pods: &Api<Pod>, name: String) -> (String, Instant) {
@@ -386,7 +436,7 @@ async fn create_pod(pods: &Api<Pod>, name: String) -> (String, Instant) {
 
 /// `n` pods at once; until all are bound or `timeout` passes.
 async fn burst(client: &Client, n: usize, timeout: Duration) -> Trace {
-    let mut bound_rx = watch_bound(client).await;
+    let (mut bound_rx, claimed) = watch_bound(client).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "test");
     let start = Instant::now();
     let creator = tokio::spawn(async move {
@@ -415,6 +465,7 @@ async fn burst(client: &Client, n: usize, timeout: Duration) -> Trace {
         start,
         seconds: (last - start).as_secs_f64(),
         created,
+        claimed: claimed.lock().unwrap().clone(),
         bound,
     }
 }
@@ -422,7 +473,7 @@ async fn burst(client: &Client, n: usize, timeout: Duration) -> Trace {
 /// scheduler_perf's steady state: `pending` pods at first; each pod seen bound is deleted
 /// and replaced by a new one; for `seconds`.
 async fn steady(client: &Client, pending: usize, seconds: u64) -> Trace {
-    let mut bound_rx = watch_bound(client).await;
+    let (mut bound_rx, claimed) = watch_bound(client).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "test");
     let created = Arc::new(Mutex::new(HashMap::new()));
     let spawn_create = |i: usize| {
@@ -456,6 +507,7 @@ async fn steady(client: &Client, pending: usize, seconds: u64) -> Trace {
         start,
         seconds: seconds as f64,
         created,
+        claimed: claimed.lock().unwrap().clone(),
         bound,
     }
 }
@@ -573,7 +625,13 @@ async fn write_one(
 }
 
 /// The API server's request counter by verb and resource.
-struct Counts(BTreeMap<String, f64>);
+/// Per "VERB resource[/subresource]": requests, and the API server's seconds and count of
+/// its request-duration histogram.
+#[derive(Default)]
+struct Counts {
+    requests: BTreeMap<String, f64>,
+    seconds: BTreeMap<String, (f64, f64)>,
+}
 
 fn api_requests(cluster: &TestCluster) -> Counts {
     let out = cluster
@@ -581,14 +639,15 @@ fn api_requests(cluster: &TestCluster) -> Counts {
         .args(["get", "--raw", "/metrics"])
         .output()
         .expect("kubectl get --raw /metrics");
-    let mut counts = BTreeMap::new();
+    let mut counts = Counts::default();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+        let Some((family, rest)) = line.split_once('{') else {
             continue;
         };
         let Some((labels, value)) = rest.rsplit_once("} ") else {
             continue;
         };
+        let value = value.parse::<f64>().unwrap_or(0.0);
         let label = |key: &str| {
             labels
                 .split(',')
@@ -602,16 +661,25 @@ fn api_requests(cluster: &TestCluster) -> Counts {
         } else {
             format!("{verb} {resource}/{sub}")
         };
-        *counts.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+        match family {
+            "apiserver_request_total" => *counts.requests.entry(key).or_default() += value,
+            "apiserver_request_duration_seconds_sum" => {
+                counts.seconds.entry(key).or_default().0 += value
+            }
+            "apiserver_request_duration_seconds_count" => {
+                counts.seconds.entry(key).or_default().1 += value
+            }
+            _ => {}
+        }
     }
-    Counts(counts)
+    counts
 }
 
 impl Counts {
     fn since(&self, before: &Counts) -> Requests {
         let mut requests = Requests::default();
-        for (key, after) in &self.0 {
-            let n = after - before.0.get(key).copied().unwrap_or(0.0);
+        for (key, after) in &self.requests {
+            let n = after - before.requests.get(key).copied().unwrap_or(0.0);
             if n <= 0.0 {
                 continue;
             }
@@ -620,6 +688,13 @@ impl Counts {
                 requests.reads += n;
             } else {
                 requests.writes += n;
+                let (sum, count) = self.seconds.get(key).copied().unwrap_or_default();
+                let (sum0, count0) = before.seconds.get(key).copied().unwrap_or_default();
+                if count > count0 {
+                    requests
+                        .server_ms
+                        .insert(key.clone(), (sum - sum0) / (count - count0) * 1000.0);
+                }
             }
             requests.by_kind.insert(key.clone(), n);
         }

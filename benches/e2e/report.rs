@@ -8,7 +8,7 @@ use plotters::prelude::*;
 
 pub use crate::plot_font::load_font;
 
-use crate::measure::{Outcome, Runner};
+use crate::measure::{Outcome, Runner, quantile};
 use crate::workload::Workload;
 
 fn of(outcomes: &[Outcome], workload: Workload, runner: Runner) -> Option<&Outcome> {
@@ -26,8 +26,8 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 pub fn markdown(outcomes: &[Outcome], header: &str) -> String {
     let mut out = String::from(header);
     out.push_str(
-        "\n| workload | scheduler | pods bound | s | pods/s | p50 ms | p99 ms | CPU s | CPU ms/pod | peak RSS MiB | API reads/pod | API writes/pod |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n| workload | scheduler | pods bound | s | pods/s | p50 ms | p99 ms | p50 to claim ms | p50 / p99 claim to bound ms | CPU s | CPU ms/pod | peak RSS MiB | API reads/pod | API writes/pod |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for o in outcomes {
         let per_pod = |v: f64| v / o.pods.max(1) as f64;
@@ -38,7 +38,7 @@ pub fn markdown(outcomes: &[Outcome], header: &str) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.1} | {:.0} | {} | {} | {} | {} | {} | {:.1} | {:.1} |",
+            "| {} | {} | {} | {:.1} | {:.0} | {} | {} | {} | {} / {} | {} | {} | {} | {:.1} | {:.1} |",
             o.workload.title(),
             o.runner.name(),
             pods,
@@ -46,6 +46,9 @@ pub fn markdown(outcomes: &[Outcome], header: &str) -> String {
             o.pods_per_s(),
             opt(o.quantile(0.5).map(|s| s * 1000.0), 0),
             opt(o.quantile(0.99).map(|s| s * 1000.0), 0),
+            opt(quantile(&o.to_claim, 0.5).map(|s| s * 1000.0), 0),
+            opt(quantile(&o.claim_to_bound, 0.5).map(|s| s * 1000.0), 0),
+            opt(quantile(&o.claim_to_bound, 0.99).map(|s| s * 1000.0), 0),
             opt(o.cpu_s, 1),
             opt(o.cpu_s.map(|c| per_pod(c) * 1000.0), 2),
             opt(o.rss_mib, 0),
