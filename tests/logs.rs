@@ -6,7 +6,8 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -15,7 +16,11 @@ use test_cluster::{free_port, promlint};
 
 /// A kubeconfig whose API server never answers (a port nothing listens on).
 fn unreachable_kubeconfig(dir: &Path) -> PathBuf {
-    let port = free_port();
+    kubeconfig_for(dir, free_port())
+}
+
+/// A kubeconfig for an API server at `port` on loopback.
+fn kubeconfig_for(dir: &Path, port: u16) -> PathBuf {
     let path = dir.join("kubeconfig");
     std::fs::write(
         &path,
@@ -40,11 +45,15 @@ struct Scheduler {
 
 impl Scheduler {
     fn start(dir: &Path, log_format: &str) -> Scheduler {
+        Scheduler::start_with(&unreachable_kubeconfig(dir), log_format)
+    }
+
+    fn start_with(kubeconfig: &Path, log_format: &str) -> Scheduler {
         let port = free_port();
         let mut child = Command::new(env!("CARGO_BIN_EXE_dra-scheduler"))
             .args(["run", "--leader-elect=false", "--log-format", log_format])
             .arg("--kubeconfig")
-            .arg(unreachable_kubeconfig(dir))
+            .arg(kubeconfig)
             .args(["--metrics-bind-address", &format!("127.0.0.1:{port}")])
             // The default level, whatever the caller's environment says.
             .env("RUST_LOG", "")
@@ -92,18 +101,31 @@ impl Scheduler {
     }
 
     /// SIGTERM, then everything it wrote.
-    fn stop(mut self) -> String {
+    fn stop(self) -> String {
+        self.stop_with_status().1
+    }
+
+    /// SIGTERM, then how it exited and everything it wrote.
+    fn stop_with_status(mut self) -> (std::process::ExitStatus, String) {
         Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
-        while self.child.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "no exit 30 s after SIGTERM");
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            self.seen.extend(self.lines.try_iter());
+            assert!(
+                Instant::now() < deadline,
+                "no exit 30 s after SIGTERM; the log:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
-        }
+        };
         self.seen.extend(self.lines.try_iter());
-        self.log()
+        (status, self.log())
     }
 
     fn log(&self) -> String {
@@ -147,6 +169,83 @@ fn json_logs_are_one_object_a_line_with_one_message_and_fields_as_keys() {
     );
     assert_eq!(serving["level"], "INFO");
     assert_eq!(serving["target"], "dra_scheduler::run");
+}
+
+/// A port on loopback that takes TCP connections and never says a word on them (not even
+/// TLS's hello), so that a request to it waits for the client's 30 s connect timeout.
+/// Until [`Mute::hold`], it closes each connection at once, so that a request fails fast.
+struct Mute {
+    port: u16,
+    hold: Arc<AtomicBool>,
+}
+
+impl Mute {
+    fn start(holding: bool) -> Mute {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hold = Arc::new(AtomicBool::new(holding));
+        let holds = hold.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for connection in listener.incoming().map_while(Result::ok) {
+                if holds.load(Ordering::SeqCst) {
+                    held.push(connection);
+                }
+            }
+        });
+        Mute { port, hold }
+    }
+
+    fn hold(&self) {
+        self.hold.store(true, Ordering::SeqCst);
+    }
+}
+
+/// SIGTERM, then how the daemon ended: it stops waiting on discovery at once, exits 0
+/// and says why, and never got as far as a discovery failure after the one it was shown.
+fn sigterm_during_discovery(scheduler: Scheduler, failures_before: usize) {
+    let (status, log) = scheduler.stop_with_status();
+    assert!(
+        log.contains("shut down before API discovery succeeded"),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("API discovery failed").count(),
+        failures_before,
+        "the signal came before the connect timeout: {log}"
+    );
+    assert!(
+        status.success(),
+        "a requested shutdown exits 0: {status:?}\n{log}"
+    );
+}
+
+#[test]
+fn sigterm_while_the_first_discovery_waits_on_a_mute_api_server_ends_the_daemon() {
+    let dir = scratch("mute-first");
+    let mute = Mute::start(true);
+    let mut scheduler = Scheduler::start_with(&kubeconfig_for(&dir, mute.port), "text");
+    scheduler.wait_for("serving /metrics", 0);
+    // Discovery starts right after; give its request time to be under way.
+    std::thread::sleep(Duration::from_secs(1));
+    sigterm_during_discovery(scheduler, 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The SIGTERM that once went unseen: one listener was made per wait between discovery's
+/// attempts, so a signal during an attempt after the first reached none, and the daemon
+/// never exited (a CI run waited 30 s for it in the JSON log test).
+#[test]
+fn sigterm_while_a_later_discovery_waits_on_a_mute_api_server_ends_the_daemon() {
+    let dir = scratch("mute-later");
+    let mute = Mute::start(false);
+    let mut scheduler = Scheduler::start_with(&kubeconfig_for(&dir, mute.port), "text");
+    scheduler.wait_for("API discovery failed", 0);
+    mute.hold();
+    // The next attempt comes 0.5 s after the first failure, and waits on the mute port.
+    std::thread::sleep(Duration::from_millis(1500));
+    sigterm_during_discovery(scheduler, 1);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

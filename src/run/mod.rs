@@ -287,18 +287,25 @@ fn watched_kinds(served: &apis::ServedApis) -> usize {
 }
 
 /// Discovery of what the API server serves, retried while the server cannot answer;
-/// an error when it answers without what the scheduler needs (or at shutdown).
-async fn discover_apis(client: &Client) -> anyhow::Result<apis::ServedApis> {
+/// an error when it answers without what the scheduler needs; `None` at shutdown.
+async fn discover_apis(
+    client: &Client,
+    shutdown: &Shutdown,
+) -> anyhow::Result<Option<apis::ServedApis>> {
     let mut backoff = Duration::from_millis(500);
     loop {
-        match apis::ServedApis::discover(client).await {
-            Ok(served) => return Ok(served),
+        let attempt = tokio::select! {
+            attempt = apis::ServedApis::discover(client) => attempt,
+            () = shutdown.requested() => return Ok(None),
+        };
+        match attempt {
+            Ok(served) => return Ok(Some(served)),
             Err(apis::DiscoveryError::Unsupported(message)) => anyhow::bail!(message),
             Err(e) => tracing::warn!(error = %e, retry_in = ?backoff, "API discovery failed"),
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
-            _ = shutdown_signal() => anyhow::bail!("shut down before API discovery succeeded"),
+            () = shutdown.requested() => return Ok(None),
         }
         backoff = (backoff * 2).min(Duration::from_secs(10));
     }
@@ -746,6 +753,7 @@ enum Ending {
 
 /// Run the scheduler until SIGTERM or Ctrl-C.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    let shutdown = Shutdown::listen();
     let (client, eviction_client) = clients_for(&config).await?;
     let candidate = config
         .leader_election
@@ -757,7 +765,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let (done_tx, done_rx) = mpsc::unbounded_channel::<Done>();
     let mut daemon = Daemon::new(&config, client, fence, done_tx).await?;
     daemon.eviction_client = Some(eviction_client);
-    let served = discover_apis(&daemon.client).await?;
+    let Some(served) = discover_apis(&daemon.client, &shutdown).await? else {
+        tracing::info!("shut down before API discovery succeeded");
+        return Ok(());
+    };
     tracing::info!("{}", served.describe());
     daemon.watched_kinds = watched_kinds(&served);
     // Leader election: every replica keeps its caches warm; only the leader takes pods
@@ -772,7 +783,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         done: done_rx,
         leader,
         tick: tokio::time::interval(Duration::from_millis(200)),
-        shutdown: Box::pin(shutdown_signal()),
+        shutdown: Box::pin(async move { shutdown.requested().await }),
     };
     let ending = daemon.serve(&mut events).await?;
     daemon.stop(ending, election).await
@@ -2382,12 +2393,35 @@ fn cluster_scoped<K: kube::Resource>(
     true
 }
 
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+/// SIGTERM or Ctrl-C, listened for from the start of [`run`] to its end.
+///
+/// A signal listener only sees signals that arrive after it is made, and once the first is
+/// made the process no longer dies of the signal by default. So there is one listener,
+/// made first: a SIGTERM that arrives while the daemon waits for something else (an API
+/// server that accepts connections but does not answer discovery) is remembered, not lost.
+#[derive(Clone)]
+struct Shutdown(signal::Receiver<bool>);
+
+impl Shutdown {
+    fn listen() -> Shutdown {
+        use tokio::signal::unix::{SignalKind, signal as unix_signal};
+        let mut term = unix_signal(SignalKind::terminate()).expect("SIGTERM handler");
+        let mut interrupt = unix_signal(SignalKind::interrupt()).expect("SIGINT handler");
+        let (tx, rx) = signal::channel(false);
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+            let _ = tx.send(true);
+        });
+        Shutdown(rx)
+    }
+
+    /// Ends once a signal has arrived (at once if one already has).
+    async fn requested(&self) {
+        let mut rx = self.0.clone();
+        let _ = rx.wait_for(|&stop| stop).await;
     }
 }
 
