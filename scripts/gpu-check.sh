@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# GPU check for dra-node-agent: on a machine with an NVIDIA GPU, runs the NVML backend once,
-# prints the ResourceSlices the agent would publish for this node, and a prepare dry run of
-# a claim allocated the first GPU (the CDI spec it would write). Talks to no API server and
-# changes nothing. On a machine without a GPU it says so and exits 0.
+# GPU check for dra-node-agent: on a machine with an NVIDIA GPU, runs the NVML backend's
+# tests (crates/dra-node-agent/tests/nvml.rs: discovery against nvidia-smi, the slices, the
+# health watch), prints the ResourceSlices the agent would publish for this node, and a
+# prepare dry run of a claim allocated the first GPU (the CDI spec it would write). Talks to
+# no API server and changes no GPU setting. On a machine without a GPU it says so and
+# exits 0.
 #
 # Usage: scripts/gpu-check.sh [node-name]
 #   DRA_NODE_AGENT=/path/to/dra-node-agent  use this binary instead of building one
+#   DRA_NVML_TESTS=/path/to/nvml-<hash>     and this test binary (cargo test --release
+#                                           -p dra-node-agent --test nvml --no-run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +38,14 @@ fi
 
 echo "==> nvidia-smi -L"
 nvidia-smi -L || true
+
+echo
+echo "==> the NVML backend's tests"
+if [[ -n ${DRA_NVML_TESTS:-} ]]; then
+  "$DRA_NVML_TESTS" --ignored --nocapture --test-threads 1
+else
+  cargo test --release -q -p dra-node-agent --test nvml -- --ignored --nocapture --test-threads 1
+fi
 
 echo
 echo "==> ResourceSlices the agent would publish for node $node (NVML backend)"
