@@ -72,6 +72,11 @@ pub struct Requests {
     pub by_kind: BTreeMap<String, f64>,
     /// Writes' "VERB resource[/subresource]" → the API server's mean time for one, ms.
     pub server_ms: BTreeMap<String, f64>,
+    /// What the API server sent to watchers, and the watchers it closed because they did
+    /// not take their events in time (each such close holds up the delivery of that
+    /// resource's events to every watcher for up to the watch cache's dispatch budget):
+    /// "what: resource" → count.
+    pub watch: BTreeMap<String, f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -225,6 +230,7 @@ pub async fn run(plan: &Plan, runner: Runner, settings: &Settings) -> Outcome {
             Some(ms) => format!("{v:>8} {k} ({ms:.1} ms each in the API server)\n"),
             None => format!("{v:>8} {k}\n"),
         })
+        .chain(requests.watch.iter().map(|(k, v)| format!("{v:>8} {k}\n")))
         .collect();
     let _ = std::fs::write(dir.join(format!("{tag}.apiserver-requests.txt")), by_kind);
     let mut notes = Vec::new();
@@ -631,6 +637,7 @@ async fn write_one(
 struct Counts {
     requests: BTreeMap<String, f64>,
     seconds: BTreeMap<String, (f64, f64)>,
+    watch: BTreeMap<String, f64>,
 }
 
 fn api_requests(cluster: &TestCluster) -> Counts {
@@ -669,6 +676,24 @@ fn api_requests(cluster: &TestCluster) -> Counts {
             "apiserver_request_duration_seconds_count" => {
                 counts.seconds.entry(key).or_default().1 += value
             }
+            "apiserver_watch_cache_terminated_watchers_total" => {
+                *counts
+                    .watch
+                    .entry(format!("watchers closed as unresponsive: {resource}"))
+                    .or_default() += value
+            }
+            "apiserver_watch_events_total" => {
+                *counts
+                    .watch
+                    .entry(format!("watch events sent: {resource}"))
+                    .or_default() += value
+            }
+            "apiserver_watch_events_sizes_sum" => {
+                *counts
+                    .watch
+                    .entry(format!("watch event bytes sent: {resource}"))
+                    .or_default() += value
+            }
             _ => {}
         }
     }
@@ -697,6 +722,12 @@ impl Counts {
                 }
             }
             requests.by_kind.insert(key.clone(), n);
+        }
+        for (key, after) in &self.watch {
+            let n = after - before.watch.get(key).copied().unwrap_or(0.0);
+            if n > 0.0 {
+                requests.watch.insert(key.clone(), n);
+            }
         }
         requests
     }
