@@ -200,6 +200,8 @@ impl Engine {
                                 .insert(o.node.name().to_string(), o.status.message());
                         }
                     }
+                    // Examined in the node tree's order, zone by zone; told by name.
+                    evaluation.feasible.sort();
                     if scored.len() > 1 {
                         for (i, (node, total)) in scored.iter().enumerate() {
                             evaluation.scores.insert(node.name().to_string(), *total);
@@ -335,7 +337,7 @@ impl Engine {
         };
         let mut nodes: Vec<&NodeInfo> = match scope.nodes {
             Some(only) => only.iter().filter_map(|n| state.nodes.get(n)).collect(),
-            None => state.nodes.values().collect(),
+            None => state.nodes_in_order(),
         };
         let wanted = match search {
             Search::Enough => self.feasible_nodes_to_find(nodes.len()),

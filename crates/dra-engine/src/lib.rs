@@ -51,6 +51,7 @@ pub mod group;
 pub mod handoff;
 pub mod inventory;
 pub mod node_allocatable;
+pub mod node_tree;
 pub mod plugins;
 pub mod preemption;
 pub mod resources;

@@ -3,7 +3,7 @@
 //! scheduling cycle reads it and records what it assumes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
 use k8s_openapi::api::core::v1::{
@@ -14,6 +14,7 @@ use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass, VolumeAtta
 
 use dra_allocator::Slice;
 
+use crate::node_tree::{NodeTree, zone_key};
 use crate::plugins::label_selector::Selector;
 use crate::plugins::node_ports::{HostPort, host_ports};
 use crate::plugins::node_resources_fit::{Requested, Units, allocatable_units};
@@ -252,6 +253,21 @@ pub struct ClusterState {
     pub nodes_with_affinity_pods: BTreeSet<String>,
     /// On how many nodes each image is (ImageLocality's spread), kept as nodes come and go.
     pub image_spread: ImageSpread,
+    /// The nodes by zone, in the order they came: the order a cycle examines them in.
+    pub node_tree: NodeTree,
+    /// The order a cycle examines nodes in, made when a cycle first asks after a node came
+    /// or went ([`ClusterState::nodes_in_order`]).
+    node_order: OnceLock<Arc<NodeOrder>>,
+    /// The order before the last node came or went.
+    last_node_order: Option<Arc<NodeOrder>>,
+}
+
+/// The nodes' order as a cycle last saw it: their names, and their positions in
+/// [`ClusterState::nodes`].
+#[derive(Debug)]
+struct NodeOrder {
+    names: Vec<String>,
+    positions: Vec<u32>,
 }
 
 /// On how many nodes each image name is (`status.images[].names`), as kube-scheduler's
@@ -525,9 +541,11 @@ impl ClusterState {
             },
             ..Default::default()
         };
-        for info in state.nodes.values_mut() {
+        // An informer's first list comes in name order: the tree takes the nodes so.
+        for (name, info) in state.nodes.iter_mut() {
             info.slot = state.node_slots.take();
             state.image_spread.add(&info.node);
+            state.node_tree.add(name, zone_key(&info.node));
         }
         for attachment in input.volume_attachments {
             state.volumes.volume_attachments.upsert(attachment);
@@ -652,6 +670,7 @@ impl ClusterState {
             info.allowed_pods = fresh.allowed_pods;
             info.broken = fresh.broken;
             info.object_version = fresh.object_version;
+            self.node_tree.update(&name, zone_key(&info.node));
             return;
         }
         let mut info = NodeInfo::new(node);
@@ -663,6 +682,8 @@ impl ClusterState {
             }
         }
         note_affinity_pods(&mut self.nodes_with_affinity_pods, &info);
+        self.node_tree.add(&name, zone_key(&info.node));
+        self.forget_node_order();
         self.nodes.insert(name, info);
     }
 
@@ -671,6 +692,68 @@ impl ClusterState {
             self.node_slots.give_back(info.slot);
             self.image_spread.remove(&info.node);
             self.nodes_with_affinity_pods.remove(name);
+        }
+        self.node_tree.remove(name);
+        self.forget_node_order();
+    }
+
+    fn forget_node_order(&mut self) {
+        if let Some(order) = self.node_order.take() {
+            self.last_node_order = Some(order);
+        }
+    }
+
+    /// Every node in the order a scheduling cycle examines them: kube-scheduler's node
+    /// tree ([`NodeTree::list`]), then any node put in `nodes` by hand, by name.
+    ///
+    /// As kube-scheduler's snapshot, the order is made again only when the set of nodes
+    /// is not the last cycle's: a node that only changed zone, or went and came back in
+    /// between, keeps its place until some other node comes or goes.
+    pub fn nodes_in_order(&self) -> Vec<&NodeInfo> {
+        let order = self.node_order.get_or_init(|| match &self.last_node_order {
+            Some(last)
+                if last.names.len() == self.nodes.len()
+                    && last.names.iter().all(|n| self.nodes.contains_key(n)) =>
+            {
+                last.clone()
+            }
+            _ => Arc::new(self.node_order_now()),
+        });
+        let by_name: Vec<&NodeInfo> = self.nodes.values().collect();
+        order
+            .positions
+            .iter()
+            .map(|&i| by_name[i as usize])
+            .collect()
+    }
+
+    fn node_order_now(&self) -> NodeOrder {
+        let position: HashMap<&str, u32> = self
+            .nodes
+            .keys()
+            .enumerate()
+            .map(|(i, name)| (name.as_str(), i as u32))
+            .collect();
+        let mut positions: Vec<u32> = self
+            .node_tree
+            .list()
+            .iter()
+            .filter_map(|name| position.get(name).copied())
+            .collect();
+        if positions.len() < self.nodes.len() {
+            let mut taken = vec![false; self.nodes.len()];
+            for &i in &positions {
+                taken[i as usize] = true;
+            }
+            positions.extend((0..self.nodes.len() as u32).filter(|&i| !taken[i as usize]));
+        }
+        let names: Vec<&String> = self.nodes.keys().collect();
+        NodeOrder {
+            names: positions
+                .iter()
+                .map(|&i| names[i as usize].clone())
+                .collect(),
+            positions,
         }
     }
 

@@ -571,3 +571,35 @@ fn each_search_starts_where_the_last_one_stopped() {
     // c: 100-199; d: 0-149 again, past the two used.
     assert_eq!(placed, ["node-050", "node-051", "node-100", "node-052"]);
 }
+
+/// 100 nodes of 2 CPUs in zone a and 100 of 8 in zone b, every zone-a node first by name.
+/// kube-scheduler's node tree takes the zones in turn, so the 100 nodes a search looks at
+/// are half of each zone, and a pod of 1 CPU goes to the emptiest: a node of zone b (by
+/// name order alone, all 100 would have been of zone a).
+#[test]
+fn a_search_that_stops_early_looks_at_every_zone_in_turn() {
+    let zoned = |name: String, cpu: &str, zone: &str| {
+        let mut n = node(&name, cpu);
+        n.metadata.labels = Some([("topology.kubernetes.io/zone".into(), zone.into())].into());
+        n
+    };
+    let nodes = (0..100)
+        .map(|i| zoned(format!("a-{i:03}"), "2", "a"))
+        .chain((0..100).map(|i| zoned(format!("b-{i:03}"), "8", "b")))
+        .collect();
+    let mut e = engine(ClusterInput {
+        nodes,
+        pods: vec![pod("web", None, "1", 0), pod("next", None, "1", 0)],
+        ..Default::default()
+    });
+    let Decision::Scheduled(p) = e.schedule(&key("web")) else {
+        panic!("web not scheduled")
+    };
+    assert_eq!(p.node, "b-000");
+    e.assume(&p);
+    // The next search starts after the 100 examined (a-000, b-000, ..., a-049, b-049).
+    let Decision::Scheduled(p) = e.schedule(&key("next")) else {
+        panic!("next not scheduled")
+    };
+    assert_eq!(p.node, "b-050");
+}
