@@ -720,11 +720,13 @@ impl ClusterState {
             _ => Arc::new(self.node_order_now()),
         });
         let by_name: Vec<&NodeInfo> = self.nodes.values().collect();
-        order
-            .positions
-            .iter()
-            .map(|&i| by_name[i as usize])
-            .collect()
+        let positions = if order.positions.len() == by_name.len() {
+            order.positions.as_slice()
+        } else {
+            // `nodes` was changed by hand, not through upsert_node or remove_node.
+            &self.node_order_now().positions
+        };
+        positions.iter().map(|&i| by_name[i as usize]).collect()
     }
 
     fn node_order_now(&self) -> NodeOrder {
@@ -910,6 +912,27 @@ mod tests {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": name}, "status": {"images": images}}))
         .expect("a node")
+    }
+
+    #[test]
+    fn a_node_put_in_the_map_by_hand_is_examined_last_not_lost() {
+        let mut state = ClusterState::new(ClusterInput {
+            nodes: vec![with_images("b", &[]), with_images("c", &[])],
+            ..Default::default()
+        });
+        let names = |s: &ClusterState| -> Vec<String> {
+            s.nodes_in_order()
+                .iter()
+                .map(|n| n.name().to_string())
+                .collect()
+        };
+        assert_eq!(names(&state), ["b", "c"]);
+        state
+            .nodes
+            .insert("a".into(), NodeInfo::new(with_images("a", &[])));
+        assert_eq!(names(&state), ["b", "c", "a"]);
+        state.upsert_node(with_images("d", &[]));
+        assert_eq!(names(&state), ["b", "c", "d", "a"]);
     }
 
     #[test]
