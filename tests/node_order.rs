@@ -160,7 +160,11 @@ fn replay(initial: &[(usize, usize)], steps: &[Step]) -> (Vec<Vec<String>>, Vec<
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    // 300 cases unless PROPTEST_CASES asks for another number.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn nodes_are_examined_in_kube_schedulers_order(
