@@ -27,6 +27,9 @@
 //!   scheduler_perf's 5000pods_500nodes);
 //! - `E2E_STEADY_SECONDS` (30), `E2E_STEADY_PENDING` (10): the steady state's window and
 //!   the pods kept waiting;
+//! - `E2E_ROUNDS` (1): how many times each workload's runners run, in turn (kube, ours,
+//!   ceiling, kube, ours, ...); the targets are then judged on the median of the rounds'
+//!   ratios, each round's runs compared with each other;
 //! - `E2E_CEILING_CONCURRENCY` (32): pods the write ceiling writes for at once;
 //! - `E2E_QPS` (5000), `E2E_TIMEOUT` (600 s a run), `E2E_REPORT` (target/e2e-report),
 //!   `E2E_PLOT=0` to skip the PNG.
@@ -84,6 +87,7 @@ fn main() {
     let runners = env_list("E2E_RUNNERS", &Runner::ALL, Runner::parse);
     let nodes: usize = env_num("E2E_NODES").unwrap_or(500);
     let pods: Option<usize> = env_num("E2E_PODS");
+    let rounds: usize = env_num("E2E_ROUNDS").unwrap_or(1).max(1);
     let steady = (
         env_num("E2E_STEADY_PENDING").unwrap_or(10),
         env_num("E2E_STEADY_SECONDS").unwrap_or(30),
@@ -106,7 +110,7 @@ fn main() {
 
     let header = format!(
         "# dra-scheduler and kube-scheduler 1.37, side by side\n\n\
-         `cargo bench --bench e2e` on {} ({} CPUs), commit {}{}, {}. {nodes} nodes; client QPS and burst {} \
+         `cargo bench --bench e2e` on {} ({} CPUs), commit {}{}, {}. {nodes} nodes; {rounds} round(s); client QPS and burst {} \
          for both schedulers and kube-controller-manager; the write ceiling writes for {} pods at once. Latency: from the harness sending a \
          pod's create to its watch seeing the pod's nodeName, in two parts: to the watch seeing \
          the pod's claim named in its status (kube-controller-manager's part, the same for \
@@ -137,10 +141,10 @@ fn main() {
     for workload in workloads {
         let plan = workload.plan(nodes, pods, steady);
         eprintln!("e2e: {} {plan:?}", workload.title());
-        for &runner in &runners {
-            let outcome = runtime.block_on(measure::run(&plan, runner, &settings));
+        for (round, &runner) in (1..=rounds).flat_map(|r| runners.iter().map(move |x| (r, x))) {
+            let outcome = runtime.block_on(measure::run(&plan, runner, round, &settings));
             eprintln!(
-                "e2e:   {:<15} {:>5} pods in {:>6.1} s: {:>6.1} pods/s, p50 {} ms, p99 {} ms (claim made: p50 {} ms; claim to bound: p50 {} ms), CPU {} s, peak RSS {} MiB, API {:.1} reads + {:.1} writes per pod",
+                "e2e:   {round} {:<15} {:>5} pods in {:>6.1} s: {:>6.1} pods/s, p50 {} ms, p99 {} ms (claim made: p50 {} ms; claim to bound: p50 {} ms), CPU {} s, peak RSS {} MiB, API {:.1} reads + {:.1} writes per pod",
                 runner.name(),
                 outcome.pods,
                 outcome.seconds,

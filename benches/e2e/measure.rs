@@ -83,6 +83,8 @@ pub struct Requests {
 pub struct Outcome {
     pub runner: Runner,
     pub workload: Workload,
+    /// Which of the workload's rounds (`E2E_ROUNDS`) this run was, from 1.
+    pub round: usize,
     /// Measured pods bound (in SteadyState, within the window).
     pub pods: usize,
     /// Pods the run waited for (a burst's size; SteadyState: 0).
@@ -146,7 +148,7 @@ pub struct Settings {
     pub report_dir: std::path::PathBuf,
 }
 
-pub async fn run(plan: &Plan, runner: Runner, settings: &Settings) -> Outcome {
+pub async fn run(plan: &Plan, runner: Runner, round: usize, settings: &Settings) -> Outcome {
     let cluster = TestCluster::dedicated_with_controller_budget(settings.qps, settings.qps);
     let client = cluster.client().await;
     setup(&client, plan).await;
@@ -217,9 +219,14 @@ pub async fn run(plan: &Plan, runner: Runner, settings: &Settings) -> Outcome {
 
     let requests = requests_after.since(&requests_before);
     let tag = format!(
-        "{}-{}",
+        "{}-{}{}",
         plan.workload.key(),
-        runner.name().replace(' ', "-")
+        runner.name().replace(' ', "-"),
+        if round > 1 {
+            format!("-{round}")
+        } else {
+            String::new()
+        }
     );
     let dir = &settings.report_dir;
     let _ = std::fs::create_dir_all(dir);
@@ -269,6 +276,7 @@ pub async fn run(plan: &Plan, runner: Runner, settings: &Settings) -> Outcome {
     Outcome {
         runner,
         workload: plan.workload,
+        round,
         pods: trace.bound.len(),
         expected,
         seconds: trace.seconds,
