@@ -156,6 +156,7 @@ pub async fn run(plan: &Plan, runner: Runner, round: usize, settings: &Settings)
     let qps = settings.qps.to_string();
     let mut daemon = None;
     let mut oracle = None;
+    let write_times = WriteTimes::default();
     let pid = match runner {
         Runner::KubeScheduler => {
             cluster
@@ -199,6 +200,7 @@ pub async fn run(plan: &Plan, runner: Runner, round: usize, settings: &Settings)
                 client.clone(),
                 *plan,
                 settings.ceiling_concurrency,
+                write_times.clone(),
             )));
             None
         }
@@ -246,6 +248,9 @@ pub async fn run(plan: &Plan, runner: Runner, round: usize, settings: &Settings)
     {
         let _ = std::fs::write(dir.join(format!("{tag}.metrics.txt")), &text);
         notes = where_the_time_went(&text);
+    }
+    if runner == Runner::Ceiling {
+        notes = write_times.lines();
     }
     drop(daemon);
     drop(cluster);
@@ -529,7 +534,7 @@ async fn steady(client: &Client, pending: usize, seconds: u64) -> Trace {
 /// The write ceiling: for each measured pod whose claim exists, the writes
 /// `dra-scheduler run` makes for it (src/run/binder.rs and the Scheduled event), with the
 /// plan's precomputed allocation, at most `concurrency` pods at once.
-async fn ceiling(client: Client, plan: Plan, concurrency: usize) {
+async fn ceiling(client: Client, plan: Plan, concurrency: usize, times: WriteTimes) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "test");
     let recorder = Recorder::new(
         client.clone(),
@@ -568,10 +573,11 @@ async fn ceiling(client: Client, plan: Plan, concurrency: usize) {
         slot += 1;
         let permit = permits.clone().acquire_owned().await.expect("semaphore");
         let (client, pods, recorder) = (client.clone(), pods.clone(), recorder.clone());
+        let times = times.clone();
         tokio::spawn(async move {
             let _permit = permit;
             if let Err(e) = write_one(
-                &client, &pods, &recorder, &name, &uid, &claim, &node, allocation,
+                &client, &pods, &recorder, &times, &name, &uid, &claim, &node, allocation,
             )
             .await
             {
@@ -586,6 +592,7 @@ async fn write_one(
     client: &Client,
     pods: &Api<Pod>,
     recorder: &Recorder,
+    times: &WriteTimes,
     name: &str,
     uid: &str,
     claim: &str,
@@ -596,14 +603,14 @@ async fn write_one(
     let params = PatchParams::default();
     let finalizer =
         json!({"metadata": {"finalizers": ["resource.kubernetes.io/delete-protection"]}});
-    claims
-        .patch(claim, &params, &Patch::Merge(finalizer))
-        .await?;
+    let finalizer = Patch::Merge(finalizer);
+    let patch = claims.patch(claim, &params, &finalizer);
+    times.time("PATCH resourceclaims", patch).await?;
     let status = json!({"status": {"allocation": allocation,
         "reservedFor": [{"resource": "pods", "name": name, "uid": uid}]}});
-    claims
-        .patch_status(claim, &params, &Patch::Merge(status))
-        .await?;
+    let status = Patch::Merge(status);
+    let patch = claims.patch_status(claim, &params, &status);
+    times.time("PATCH resourceclaims/status", patch).await?;
     let binding = Binding {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -618,8 +625,9 @@ async fn write_one(
             ..Default::default()
         },
     };
-    pods.create_subresource::<_, Value>("binding", name, &PostParams::default(), &binding)
-        .await?;
+    let post = PostParams::default();
+    let bind = pods.create_subresource::<_, Value>("binding", name, &post, &binding);
+    times.time("POST pods/binding", bind).await?;
     let reference = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),
@@ -635,7 +643,40 @@ async fn write_one(
         action: "Scheduling".into(),
         secondary: None,
     };
-    recorder.publish(&event, &reference).await
+    times
+        .time("POST events", recorder.publish(&event, &reference))
+        .await
+}
+
+/// The write ceiling's own time for each kind of write, from sending it to its answer:
+/// "VERB resource[/subresource]" → (seconds, writes). Beside the API server's time for the
+/// same writes, it shows what a write spends outside the server's handlers.
+#[derive(Clone, Default)]
+struct WriteTimes(Arc<Mutex<BTreeMap<&'static str, (f64, u64)>>>);
+
+impl WriteTimes {
+    async fn time<T>(&self, kind: &'static str, write: impl Future<Output = T>) -> T {
+        let start = Instant::now();
+        let answer = write.await;
+        let mut times = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = times.entry(kind).or_default();
+        entry.0 += start.elapsed().as_secs_f64();
+        entry.1 += 1;
+        answer
+    }
+
+    fn lines(&self) -> Vec<String> {
+        let times = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        times
+            .iter()
+            .map(|(kind, (seconds, count))| {
+                format!(
+                    "writes {kind}: {count} taking {seconds:.2} s in all, {:.2} ms each at the client",
+                    seconds / *count as f64 * 1000.0
+                )
+            })
+            .collect()
+    }
 }
 
 /// The API server's request counter by verb and resource.

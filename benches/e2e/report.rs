@@ -167,9 +167,15 @@ pub fn markdown(outcomes: &[Outcome], header: &str) -> String {
     }
     let notes: Vec<&Outcome> = outcomes.iter().filter(|o| !o.notes.is_empty()).collect();
     if !notes.is_empty() {
-        out.push_str("\nWhere dra-scheduler's time went (its own metrics, per workload):\n");
+        out.push_str("\nWhere the time went (dra-scheduler's own metrics; the write ceiling's timing of its writes at the client):\n");
         for o in notes {
-            let _ = writeln!(out, "\n{}, round {}:\n", o.workload.title(), o.round);
+            let _ = writeln!(
+                out,
+                "\n{}, {}, round {}:\n",
+                o.workload.title(),
+                o.runner.name(),
+                o.round
+            );
             for line in &o.notes {
                 let _ = writeln!(out, "- `{line}`");
             }
