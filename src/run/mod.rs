@@ -509,17 +509,28 @@ pub async fn kube_config(path: Option<&std::path::Path>) -> anyhow::Result<kube:
     })
 }
 
-/// The API clients: the main one, with kube's retries of 429, 503 and 504 (backing off,
-/// as client-go does), and one without them for evictions, whose 429 is a
-/// PodDisruptionBudget's refusal to be tried again later, not the server's load.
-async fn clients_for(config: &Config) -> anyhow::Result<(Client, Client)> {
+/// The daemon's API clients, each on a connection of its own.
+struct Clients {
+    /// Every write but evictions, with kube's retries of 429, 503 and 504 (backing off,
+    /// as client-go does).
+    writes: Client,
+    /// Discovery and the informers' lists and watches, apart from the writes: a burst's
+    /// watch events then share no connection with the binder's requests and responses.
+    watches: Client,
+    /// Evictions, without retries: their 429 is a PodDisruptionBudget's refusal to be
+    /// tried again later, not the server's load.
+    evictions: Client,
+}
+
+async fn clients_for(config: &Config) -> anyhow::Result<Clients> {
     let kube_config = kube_config(config.kubeconfig.as_deref()).await?;
     let mut no_retry = kube_config.clone();
     no_retry.default_retry = false;
-    Ok((
-        transport::client(kube_config)?,
-        transport::client(no_retry)?,
-    ))
+    Ok(Clients {
+        writes: transport::client(kube_config.clone())?,
+        watches: transport::client(kube_config)?,
+        evictions: transport::client(no_retry)?,
+    })
 }
 
 /// How long a pod's first try may search for devices. Almost every pod is decided well
@@ -754,18 +765,18 @@ enum Ending {
 /// Run the scheduler until SIGTERM or Ctrl-C.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let shutdown = Shutdown::listen();
-    let (client, eviction_client) = clients_for(&config).await?;
+    let clients = clients_for(&config).await?;
     let candidate = config
         .leader_election
         .as_ref()
-        .map(|le| Candidate::new(client.clone(), le, identity()));
+        .map(|le| Candidate::new(clients.writes.clone(), le, identity()));
     let fence = candidate
         .as_ref()
         .map_or_else(|| Arc::new(Fence::open()), Candidate::fence);
     let (done_tx, done_rx) = mpsc::unbounded_channel::<Done>();
-    let mut daemon = Daemon::new(&config, client, fence, done_tx).await?;
-    daemon.eviction_client = Some(eviction_client);
-    let Some(served) = discover_apis(&daemon.client, &shutdown).await? else {
+    let mut daemon = Daemon::new(&config, clients.writes, fence, done_tx).await?;
+    daemon.eviction_client = Some(clients.evictions);
+    let Some(served) = discover_apis(&clients.watches, &shutdown).await? else {
         tracing::info!("shut down before API discovery succeeded");
         return Ok(());
     };
@@ -779,7 +790,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let (election, leader) = Election::start(candidate, &config);
     daemon.metrics.leader.set(i64::from(daemon.leading));
     let mut events = Events {
-        changes: watch_all(&daemon.client, &served),
+        changes: watch_all(&clients.watches, &served),
         done: done_rx,
         leader,
         tick: tokio::time::interval(Duration::from_millis(200)),
