@@ -79,9 +79,11 @@ struct Dev {
     /// Shared by claims outside this attempt (counts as "capacity in use").
     shared: bool,
     /// Capacity consumed outside this attempt, aligned with the entry's capacities.
-    used_capacity: Vec<Quantity>,
+    /// (Boxed slices, as `consumes`: empty ones are a null pointer and a length, so a
+    /// device without either is quick to write.)
+    used_capacity: Box<[Quantity]>,
     /// (pool counter index, amount).
-    consumes: Vec<(usize, Quantity)>,
+    consumes: Box<[(usize, Quantity)]>,
     /// Not shared and consumes some counter: counted by counter groups in bounds.
     counted: bool,
     sym: u32,
@@ -382,7 +384,10 @@ impl<'a> NodeRun<'a> {
             if pool.state != PoolState::Usable {
                 continue;
             }
-            for &entry in &pool.entries {
+            // Written in place (extend over a slice): a push would build each device on
+            // the stack first and copy it, a store-forwarding stall per device.
+            let base = devs.len();
+            devs.extend(pool.entries.iter().enumerate().map(|(k, &entry)| {
                 let e = &snap.devices[entry as usize];
                 let usage = snap.entry_usage(entry);
                 let multi = features.consumable_capacity && e.view.multi;
@@ -392,7 +397,7 @@ impl<'a> NodeRun<'a> {
                 // checks every device's full capacity against what shares consumed.
                 let consumed_by_shares = usage.is_some_and(|u| !u.consumed.is_empty());
                 let used_capacity = if !multi && !consumed_by_shares {
-                    Vec::new()
+                    Box::default()
                 } else {
                     snap.parsed(entry)
                         .capacity
@@ -405,20 +410,19 @@ impl<'a> NodeRun<'a> {
                         })
                         .collect()
                 };
-                let consumes = if pool.consumes.is_empty() {
-                    Vec::new()
-                } else {
-                    pool.consumes.get(&entry).cloned().unwrap_or_default()
+                let consumes: Box<[_]> = match pool.consumes.get(&entry) {
+                    Some(c) => c.as_slice().into(),
+                    None => Box::default(),
                 };
                 let counted = !multi && consumes.iter().any(|(_, q)| *q > Quantity::ZERO);
                 plain &= !multi && !counted;
                 // Used devices are never interchangeable: a number no signature has.
                 let sym = if usage.is_some() {
-                    u32::MAX - devs.len() as u32
+                    u32::MAX - (base + k) as u32
                 } else {
                     e.sym
                 };
-                devs.push(Dev {
+                Dev {
                     entry,
                     pool: pi as u32,
                     multi,
@@ -428,8 +432,8 @@ impl<'a> NodeRun<'a> {
                     counted,
                     consumes,
                     sym,
-                });
-            }
+                }
+            }));
         }
         let ndev = devs.len();
         let mut claim_mask = std::mem::take(&mut sc.claim_mask);

@@ -128,10 +128,11 @@ pub(crate) struct Capacity {
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct DeviceEntry {
-    /// First-level selector cache for expression ids below 64: bit set in `sel_known` once
-    /// evaluated, the result in `sel_value`. Lock-free and next to the device's other data.
-    pub sel_known: AtomicU64,
-    pub sel_value: AtomicU64,
+    /// First-level selector cache for expression ids below [`SEL_BITS`]: bit `expr` set
+    /// once evaluated, with the result in bit `SEL_BITS + expr`. One word, so a result is
+    /// recorded with one atomic operation and read consistently. Lock-free and next to the
+    /// device's other data.
+    pub sel: AtomicU64,
     /// What CEL sees of the device, as numbers: the selector-result cache key.
     pub view: crate::intern::DeviceView,
     /// Equal for devices that differ only in name: interchangeable in any solution
@@ -232,6 +233,8 @@ impl Usage {
 }
 
 const CACHE_SHARDS: usize = 16;
+/// Expression ids below this have their results in [`DeviceEntry::sel`].
+const SEL_BITS: u32 = 32;
 /// (expression id, device view) → selected.
 type ResultShard = NumMap<(u32, u32), bool>;
 
@@ -806,8 +809,7 @@ impl Snapshot {
                     plain_parsed: f.plain_parsed,
                     sym,
                     view,
-                    sel_known: AtomicU64::new(0),
-                    sel_value: AtomicU64::new(0),
+                    sel: AtomicU64::new(0),
                     taints,
                 });
             }
@@ -1122,8 +1124,11 @@ impl Snapshot {
         reads: Option<&[ReadIds]>,
     ) -> Option<bool> {
         let e = &self.devices[entry as usize];
-        if expr < 64 && e.sel_known.load(Ordering::Acquire) & (1 << expr) != 0 {
-            return Some(e.sel_value.load(Ordering::Relaxed) & (1 << expr) != 0);
+        if expr < SEL_BITS {
+            let sel = e.sel.load(Ordering::Relaxed);
+            if sel & (1 << expr) != 0 {
+                return Some(sel & (1 << (SEL_BITS + expr)) != 0);
+            }
         }
         let hit = match reads {
             Some(reads) => self.read_result(expr, entry, reads),
@@ -1192,12 +1197,11 @@ impl Snapshot {
     }
 
     fn remember_here(&self, expr: u32, entry: u32, matches: bool) {
-        if expr < 64 {
-            let e = &self.devices[entry as usize];
-            if matches {
-                e.sel_value.fetch_or(1 << expr, Ordering::Relaxed);
-            }
-            e.sel_known.fetch_or(1 << expr, Ordering::Release);
+        if expr < SEL_BITS {
+            let value = u64::from(matches) << (SEL_BITS + expr);
+            self.devices[entry as usize]
+                .sel
+                .fetch_or(1 << expr | value, Ordering::Relaxed);
         }
     }
 
