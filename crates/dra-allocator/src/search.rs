@@ -238,6 +238,8 @@ pub(crate) struct NodeRun<'a> {
     plain: bool,
     /// Scratch of the together bound for shared devices.
     shares: Option<Box<Shares>>,
+    /// The thread's scratch, its buffers taken into the fields above; they go back on drop.
+    home: Option<Box<Scratch>>,
 }
 
 /// The buffers of one attempt, kept per thread for the next one (emptied, capacity kept),
@@ -257,10 +259,14 @@ struct Scratch {
     attr_values: Vec<Vec<Vec<Option<AttrValue>>>>,
     consumed: Vec<Vec<Quantity>>,
     cstate: Vec<Vec<ConstraintState>>,
+    compat: Vec<Vec<crate::compat::Intersection>>,
 }
 
 thread_local! {
-    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+    /// Boxed: an attempt takes it and gives it back as a pointer, not a copy of every
+    /// buffer's header.
+    static SCRATCH: std::cell::RefCell<Option<Box<Scratch>>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 fn emptied<T>(v: &mut Vec<T>) -> Vec<T> {
@@ -285,25 +291,25 @@ impl Drop for NodeRun<'_> {
                 values.clear();
             }
         }
-        let sc = Scratch {
-            attr_values,
-            pools: emptied(&mut self.pools),
-            seen: emptied(&mut self.seen),
-            devs: emptied(&mut self.devs),
-            claim_mask: emptied(&mut self.claim_mask),
-            alloc_capacity: emptied(&mut self.alloc_capacity),
-            alloc_shares: emptied(&mut self.alloc_shares),
-            marks: emptied(&mut self.marks),
-            chosen: emptied(&mut self.chosen),
-            consumed: std::mem::take(&mut self.consumed),
-            cstate: std::mem::take(&mut self.cstate),
-            reqs,
-            results,
-        };
+        let mut sc = self.home.take().unwrap_or_default();
+        sc.attr_values = attr_values;
+        sc.pools = emptied(&mut self.pools);
+        sc.seen = emptied(&mut self.seen);
+        sc.devs = emptied(&mut self.devs);
+        sc.claim_mask = emptied(&mut self.claim_mask);
+        sc.alloc_capacity = emptied(&mut self.alloc_capacity);
+        sc.alloc_shares = emptied(&mut self.alloc_shares);
+        sc.marks = emptied(&mut self.marks);
+        sc.chosen = emptied(&mut self.chosen);
+        sc.consumed = std::mem::take(&mut self.consumed);
+        sc.cstate = std::mem::take(&mut self.cstate);
+        sc.compat = emptied(&mut self.compat);
+        sc.reqs = reqs;
+        sc.results = results;
         // Nothing to keep if the thread is going away.
         let _ = SCRATCH.try_with(|s| {
             if let Ok(mut s) = s.try_borrow_mut() {
-                *s = sc;
+                *s = Some(sc);
             }
         });
     }
@@ -363,8 +369,8 @@ impl<'a> NodeRun<'a> {
             });
         }
         // Buffers left by the previous attempt on this thread (emptied, capacity kept).
-        let mut sc = SCRATCH
-            .try_with(|s| s.try_borrow_mut().map(|mut s| std::mem::take(&mut *s)).ok())
+        let mut sc: Box<Scratch> = SCRATCH
+            .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.take()))
             .ok()
             .flatten()
             .unwrap_or_default();
@@ -487,7 +493,8 @@ impl<'a> NodeRun<'a> {
                 states.push(ConstraintState::new(c.kind));
             }
         }
-        let compat = pools.iter().map(|p| p.compat_base.clone()).collect();
+        let mut compat = std::mem::take(&mut sc.compat);
+        compat.extend(pools.iter().map(|p| p.compat_base.clone()));
         let mut run = NodeRun {
             compat,
             compat_undo: Vec::new(),
@@ -522,6 +529,7 @@ impl<'a> NodeRun<'a> {
             negative: Vec::new(),
             plain,
             shares: None,
+            home: Some(sc),
         };
         for r in 0..plan.reqs.len() {
             let mut rr = std::mem::take(&mut run.reqs[r]);

@@ -151,8 +151,9 @@ pub(crate) struct DeviceEntry {
     /// Its [`Parsed`] is [`Parsed::plain`]: nothing there to check for a request without
     /// `capacity` (the search then leaves it unread).
     pub plain_parsed: bool,
-    /// Taints from the slice plus matching DeviceTaintRules.
-    pub taints: Vec<DeviceTaint>,
+    /// Taints from the slice plus matching DeviceTaintRules (a boxed slice: most devices
+    /// have none, and the entry is written once per device per snapshot).
+    pub taints: Box<[DeviceTaint]>,
     /// The device's capacity and counters, parsed: its number in its slice's facts.
     pub parsed: u32,
     pub slice: u32,
@@ -300,8 +301,17 @@ struct LastRead {
 
 thread_local! {
     /// A read key's buffer and the last result, per thread.
-    static READ_KEY: std::cell::RefCell<(Vec<u32>, LastRead)> =
-        std::cell::RefCell::new((Vec::new(), LastRead::default()));
+    /// (Initialised at compile time: no first-use check on each lookup.)
+    static READ_KEY: std::cell::RefCell<(Vec<u32>, LastRead)> = const {
+        std::cell::RefCell::new((
+            Vec::new(),
+            LastRead {
+                cache: 0,
+                key: Vec::new(),
+                matches: false,
+            },
+        ))
+    };
 }
 
 /// What a read key starts with, before the value of each read.
@@ -810,7 +820,7 @@ impl Snapshot {
                     sym,
                     view,
                     sel: AtomicU64::new(0),
-                    taints,
+                    taints: taints.into_boxed_slice(),
                 });
             }
             slice_devices.push((start, devices.len() as u32));

@@ -169,6 +169,19 @@ fn snapshot_new_loop_for_profiling() {
     let runs: u32 = std::env::var("RUNS").map_or(100, |r| r.parse().unwrap());
     // `POD=1`: each snapshot also schedules the case's pod, as "cold with Snapshot::new".
     let pod = std::env::var("POD").is_ok_and(|p| p == "1");
+    // `WARM=1`: one snapshot for all runs, only the pods timed (the steady state).
+    if std::env::var("WARM").is_ok_and(|w| w == "1") {
+        let snapshot = build(&case, &slices);
+        let start = Instant::now();
+        for _ in 0..runs {
+            std::hint::black_box(common::one_pod(&snapshot, &case));
+        }
+        eprintln!(
+            "a warm pod, {name}: {:.3} ms each",
+            start.elapsed().as_secs_f64() * 1e3 / f64::from(runs)
+        );
+        return;
+    }
     let mut best = Duration::MAX;
     let start = Instant::now();
     for _ in 0..runs {
