@@ -89,6 +89,10 @@ struct Dev {
     sym: u32,
 }
 
+/// A node's NUMA domains for the score: ((pool, NUMA value), (all its devices free before,
+/// all free after)). A node has a few: on the stack.
+type NumaDomains = smallvec::SmallVec<[((u32, u32), (bool, bool)); 8]>;
+
 /// How a candidate counts in its request's bound.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -1044,20 +1048,24 @@ impl<'a> NodeRun<'a> {
         let mut demand = 0usize;
         let mut supply = 0usize;
         if self.plain {
-            // Distinct free devices.
-            for h in g..plan.groups.len() {
-                let alts = &plan.groups[h].alts;
-                if alts.iter().any(|&a| plan.reqs[a].admin) {
-                    continue;
-                }
-                demand += self.group_demand(h, None);
-                for &a in alts {
+            // Distinct free devices; with `stop`, only until they cover the demand (at the
+            // root of a one-device pod, the first free device).
+            let counted = |h: &usize| !plan.groups[*h].alts.iter().any(|&a| plan.reqs[a].admin);
+            demand = (g..plan.groups.len())
+                .filter(counted)
+                .map(|h| self.group_demand(h, None))
+                .sum();
+            'count: for h in (g..plan.groups.len()).filter(counted) {
+                for &a in &plan.groups[h].alts {
                     let rr = &self.reqs[a];
                     let list = if plan.reqs[a].all { &rr.all } else { &rr.cand };
                     for &d in list {
                         if self.marks[d as usize] != epoch && !self.in_use(d) {
                             self.marks[d as usize] = epoch;
                             supply += 1;
+                            if stop && supply >= demand {
+                                break 'count;
+                            }
                         }
                     }
                 }
@@ -1663,7 +1671,13 @@ impl<'a> NodeRun<'a> {
                 return false;
             }
         }
-        // All remaining non-admin requests together.
+        // All remaining non-admin requests together. With one group left and plain devices
+        // this follows from the check above: some alternative has `count` usable candidates,
+        // the group's demand is at most that, and the together bound counts the distinct
+        // free candidates of all its alternatives. (Most pods: one request, checked once.)
+        if self.plain && g + 1 == plan.groups.len() {
+            return true;
+        }
         let (demand, supply, _) = self.together(g, true);
         demand <= supply
     }
@@ -1777,8 +1791,7 @@ impl<'a> NodeRun<'a> {
                 q.prioritized_score += 8u32.saturating_sub(self.chosen[g].unwrap_or(0) as u32);
             }
         }
-        // ((pool, NUMA value), (all free before, all free after)).
-        let mut numa: Vec<((u32, u32), (bool, bool))> = Vec::new();
+        let mut numa = NumaDomains::new();
         for (d, dev) in self.devs.iter().enumerate() {
             let before = !dev.taken && !dev.shared;
             let after = before && self.claim_mask[d] == 0 && self.alloc_shares[d] == 0;
