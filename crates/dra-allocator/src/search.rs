@@ -617,7 +617,29 @@ impl<'a> NodeRun<'a> {
         }
     }
 
+    /// (In the class, selected) from the device's own cached results alone, when they
+    /// decide it: what [`NodeRun::selects`] finds for most devices once warm, without its
+    /// lookups. The same order: a class selector known false decides (false, false).
+    fn known_selects(&self, r: &ReqPlan, entry: u32) -> Option<(bool, bool)> {
+        let e = &self.snap.devices[entry as usize];
+        let all = |sels: &[crate::plan::CompiledSelector]| -> Option<bool> {
+            for s in sels {
+                if !e.known_selector(s.expr)? {
+                    return Some(false);
+                }
+            }
+            Some(true)
+        };
+        if !all(&r.class_selectors)? {
+            return Some((false, false));
+        }
+        Some((true, all(&r.selectors)?))
+    }
+
     fn selects(&self, r: &ReqPlan, d: &Dev) -> Result<(bool, bool), AllocError> {
+        if let Some(known) = self.known_selects(r, d.entry) {
+            return Ok(known);
+        }
         // The device itself is read only when a result is not cached.
         let dref = || self.snap.device_ref(d.entry);
         let id = || self.snap.device_id(d.entry);

@@ -349,6 +349,18 @@ impl LastRead {
     }
 }
 
+impl DeviceEntry {
+    /// The first-level cache's result for selector `expr` on this device, if recorded.
+    #[inline]
+    pub(crate) fn known_selector(&self, expr: u32) -> Option<bool> {
+        if expr >= SEL_BITS {
+            return None;
+        }
+        let sel = self.sel.load(Ordering::Relaxed);
+        (sel & (1 << expr) != 0).then_some(sel & (1 << (SEL_BITS + expr)) != 0)
+    }
+}
+
 /// The allocator's view of the cluster. `Sync`: share it between threads; the only writes
 /// after construction are [`Snapshot::add_allocation`]/[`Snapshot::remove_allocation`]
 /// (`&mut`, one writer) and the internal selector-result cache.
@@ -1134,11 +1146,8 @@ impl Snapshot {
         reads: Option<&[ReadIds]>,
     ) -> Option<bool> {
         let e = &self.devices[entry as usize];
-        if expr < SEL_BITS {
-            let sel = e.sel.load(Ordering::Relaxed);
-            if sel & (1 << expr) != 0 {
-                return Some(sel & (1 << (SEL_BITS + expr)) != 0);
-            }
+        if let Some(known) = e.known_selector(expr) {
+            return Some(known);
         }
         let hit = match reads {
             Some(reads) => self.read_result(expr, entry, reads),
