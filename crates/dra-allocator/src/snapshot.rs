@@ -668,6 +668,30 @@ fn parse_counters(device: &Device) -> Result<Consumption, String> {
     Ok(out)
 }
 
+/// A device's taints: its own (`own`: its facts say it has some) and those of the rules
+/// that match it. Most devices have none: the empty boxed slice is then made directly, as
+/// moving an empty `Vec` into one stalls on the store of its fields just written.
+fn device_taints(
+    own: bool,
+    rules: &[DeviceTaintRule],
+    spec: &ResourceSliceSpec,
+    device: &Device,
+) -> Box<[DeviceTaint]> {
+    if !own && rules.is_empty() {
+        return Box::default();
+    }
+    let mut taints: Vec<DeviceTaint> = Vec::new();
+    if own {
+        taints.extend(device.taints.iter().flatten().cloned());
+    }
+    for rule in rules {
+        if rule_matches(rule, &spec.driver, &spec.pool.name, &device.name) {
+            taints.push(rule.spec.taint.clone());
+        }
+    }
+    taints.into_boxed_slice()
+}
+
 fn rule_matches(rule: &DeviceTaintRule, driver: &str, pool: &str, device: &str) -> bool {
     let Some(sel) = rule.spec.device_selector.as_ref() else {
         return true;
@@ -766,15 +790,7 @@ impl Snapshot {
             for (di, f) in facts.devices.iter().enumerate() {
                 // The device itself is read only where its facts say there is more to see.
                 let device = || (&api_devices[di], slice.maps(di));
-                let mut taints = Vec::new();
-                if f.taints {
-                    taints.extend(device().0.taints.iter().flatten().cloned());
-                }
-                for rule in &taint_rules {
-                    if rule_matches(rule, &spec.driver, &spec.pool.name, &device().0.name) {
-                        taints.push(rule.spec.taint.clone());
-                    }
-                }
+                let taints = device_taints(f.taints, &taint_rules, spec, device().0);
                 maps_node_resources |= f.node_resources;
                 let view = f.view;
                 let mut numa_of = |v: crate::attr::AttrValue| match numa_ids.get(&v) {
@@ -832,7 +848,7 @@ impl Snapshot {
                     sym,
                     view,
                     sel: AtomicU64::new(0),
-                    taints: taints.into_boxed_slice(),
+                    taints,
                 });
             }
             slice_devices.push((start, devices.len() as u32));
