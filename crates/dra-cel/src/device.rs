@@ -116,6 +116,22 @@ fn domain_of<'a>(dev: DeviceRef<'a>, kind: Kind, domain: &str) -> Option<&'a str
     }
 }
 
+/// The attribute `domain`/`id` of `dev` if the interpreter would see it as a string: set,
+/// with no list or other scalar that [`convert`] reads before the string.
+pub(crate) fn string_attribute<'a>(dev: DeviceRef<'a>, domain: &str, id: &str) -> Option<&'a str> {
+    let a = find(dev.attributes, dev.driver, domain, id)?;
+    let before = a.ints.is_some()
+        || a.bools.is_some()
+        || a.strings.is_some()
+        || a.versions.is_some()
+        || a.int.is_some()
+        || a.bool.is_some();
+    if before {
+        return None;
+    }
+    a.string.as_deref()
+}
+
 fn version(s: &str) -> Result<SemverVal, ExecutionError> {
     Version::parse(s).map(SemverVal).map_err(|e| {
         ExecutionError::function_error("semver", format!("parse semantic version: {e}"))

@@ -649,6 +649,57 @@ fn bool_expr(r: &mut Rng, depth: u32) -> String {
     }
 }
 
+/// A conjunction of string comparisons: the shape `dra_cel` decides without its interpreter
+/// (see its `shortcut` module). Half the attribute terms read a string attribute `device`
+/// has, mostly comparing it with its own value; the others may be missing or of another
+/// type, some literals are of another type, and some domains are unknown, where the
+/// interpreter must decide.
+fn string_comparisons(r: &mut Rng, device: &Device) -> String {
+    let strings: Vec<(String, String, &str)> = device
+        .attributes
+        .iter()
+        .filter_map(|(name, a)| {
+            let (domain, id) = name.split_once('/').unwrap_or((&device.driver, name));
+            Some((domain.to_string(), id.to_string(), a.string.as_deref()?))
+        })
+        .collect();
+    let terms: Vec<String> = (0..1 + r.below(3))
+        .map(|_| {
+            let own =
+                (!strings.is_empty() && r.chance(50)).then(|| &strings[r.below(strings.len())]);
+            let (read, literal) = match own {
+                Some((domain, id, value)) => {
+                    let read = if r.chance(50) {
+                        format!("device.attributes[{domain:?}].{id}")
+                    } else {
+                        format!("device.attributes[{domain:?}][{id:?}]")
+                    };
+                    let literal = if r.chance(75) { value } else { r.pick(WORDS) };
+                    (read, format!("{literal:?}"))
+                }
+                None => {
+                    let read = match r.below(3) {
+                        0 => "device.driver".to_string(),
+                        _ => attr(r),
+                    };
+                    let literal = match r.below(4) {
+                        0 => literal(r),
+                        1 => format!("{:?}", r.pick(DRIVERS)),
+                        _ => format!("{:?}", r.pick(WORDS)),
+                    };
+                    (read, literal)
+                }
+            };
+            if r.chance(20) {
+                format!("{literal} == {read}")
+            } else {
+                format!("{read} == {literal}")
+            }
+        })
+        .collect();
+    terms.join(" && ")
+}
+
 fn pick_domain_pred(r: &mut Rng) -> String {
     match r.below(4) {
         0 => format!("d == {:?}", r.pick(DOMAINS)),
@@ -702,25 +753,41 @@ fn dra_cel_agrees_with_kubernetes() {
         .map(|s| s.to_string())
         .chain((0..2000).map(|_| quantity_string(&mut r)))
         .collect();
-    let off = compare(
-        !t.list_type_attributes,
-        &devices,
-        &cases[..table_cases + 1000],
-        &[],
-    );
+    let generated = cases.len();
+    for _ in 0..2000 {
+        let device = format!("gen{}", r.below(200));
+        cases.push(Case {
+            expr: string_comparisons(&mut r, &devices[&device]),
+            device,
+            result: None,
+            error: None,
+            kubernetes_message: None,
+            divergence: None,
+        });
+    }
+    let first: Vec<Case> = cases[..table_cases + 1000]
+        .iter()
+        .chain(&cases[generated..])
+        .cloned()
+        .collect();
+    let off = compare(!t.list_type_attributes, &devices, &first, &[]);
 
     let on = compare(t.list_type_attributes, &devices, &cases, &quantities);
     eprintln!(
-        "compared {} selector cases ({table_cases} from the table, {} generated; {} true, {} errors on both sides) \
-         and {} quantities with list-type attributes {}, and the first {} cases again with them {}",
+        "compared {} selector cases ({table_cases} from the table, {} generated, {} of them conjunctions of \
+         string comparisons; {} true, {} errors on both sides) and {} quantities with list-type attributes {}, \
+         and {} of the cases again with them {} ({} true, {} errors)",
         cases.len(),
         cases.len() - table_cases,
+        cases.len() - generated,
         on.trues,
         on.errors,
         quantities.len(),
         t.list_type_attributes,
-        table_cases + 1000,
+        first.len(),
         !t.list_type_attributes,
+        off.trues,
+        off.errors,
     );
     let all: Vec<String> = on
         .disagreements
