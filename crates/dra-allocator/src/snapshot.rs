@@ -1524,7 +1524,6 @@ impl Snapshot {
                     let ordinal = (sets.len() - 1) as u32;
                     for (counter, value) in &set.counters {
                         index.insert((set.name.as_str(), counter.as_str()), info.base.len());
-                        info.counter_names.push(format!("{}/{}", set.name, counter));
                         info.counter_set.push(ordinal);
                         info.base
                             .push(Quantity::from_openapi(&value.value).unwrap_or_default());
@@ -1737,7 +1736,6 @@ pub(crate) struct PoolStatic {
     /// Device entries of the slices that target the node, in order (slices by name).
     pub entries: Vec<u32>,
     pub has_binding_conditions: bool,
-    pub counter_names: Vec<String>,
     /// Per flat counter: which counter set (in order of appearance) it belongs to.
     pub counter_set: Vec<u32>,
     /// Shared counter values, flattened.
@@ -1759,7 +1757,6 @@ impl PoolStatic {
             state,
             entries: Vec::new(),
             has_binding_conditions: false,
-            counter_names: Vec::new(),
             counter_set: Vec::new(),
             base: Vec::new(),
             consumes: NumMap::default(),
