@@ -150,22 +150,6 @@ fn run_simulate(args: SimulateArgs) -> ExitCode {
     }
 }
 
-/// At most two glibc malloc arenas, unless `MALLOC_ARENA_MAX` says otherwise. glibc gives
-/// each thread that allocates under contention an arena of its own, up to eight per core,
-/// and memory freed in one arena is not reused by another: the daemon's runtime threads
-/// each decoded watch events into arenas of their own, and its peak RSS in benches/e2e
-/// was 3 to 9 MiB higher (of 100 to 139) than with one or two arenas. Called before the
-/// runtime starts its threads.
-fn limit_malloc_arenas() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-        // SAFETY: mallopt only sets a malloc parameter; no other thread exists yet.
-        unsafe {
-            libc::mallopt(libc::M_ARENA_MAX, 2);
-        }
-    }
-}
-
 fn run_daemon(args: run::config::RunArgs) -> ExitCode {
     let config = match run::config::Config::resolve(args) {
         Ok(c) => c,
@@ -177,7 +161,6 @@ fn run_daemon(args: run::config::RunArgs) -> ExitCode {
     // Config::resolve accepts text and json only.
     let format = config.log_format.parse().unwrap_or_default();
     dra_telemetry::log::init(format, config.verbosity);
-    limit_malloc_arenas();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -19,6 +19,10 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+/// The allocator the scheduler runs with (`src/lib.rs` of the workspace root).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::hint::black_box;
 
 use common::one_pod;

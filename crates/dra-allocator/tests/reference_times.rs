@@ -9,6 +9,11 @@
 
 mod common;
 
+/// The allocator the scheduler runs with (`src/lib.rs` of the workspace root), so the
+/// times are the daemon's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
