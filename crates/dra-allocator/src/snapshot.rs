@@ -734,6 +734,8 @@ impl Snapshot {
         let mut compat_slices: Vec<bool> = Vec::with_capacity(slices.len());
         // The NUMA id of each value number met under NUMA_ATTRIBUTE.
         let mut numa_by_value: NumMap<u32, Option<u32>> = NumMap::default();
+        // The last (value number, NUMA id) converted, or none.
+        let mut last_numa = (crate::intern::ABSENT, None);
         // Sorted by (driver, pool), then input order: one sort, no map entry per pool.
         let keyed = pool_sorted(&slices);
         let mut slice_pool = vec![0u32; slices.len()];
@@ -808,12 +810,18 @@ impl Snapshot {
                     lookup().map(&mut numa_of)
                 } else if f.numa == crate::intern::ABSENT {
                     None
+                } else if last_numa.0 == f.numa {
+                    // A node's devices mostly follow each other by NUMA node: the value
+                    // of the device before, without a map lookup.
+                    last_numa.1
                 } else {
                     // Only the qualified name counts, and equal value numbers are equal
                     // attributes, so each is converted once.
-                    *numa_by_value
+                    let id = *numa_by_value
                         .entry(f.numa)
-                        .or_insert_with(|| lookup().map(&mut numa_of))
+                        .or_insert_with(|| lookup().map(&mut numa_of));
+                    last_numa = (f.numa, id);
+                    id
                 };
                 let sym = match local_syms {
                     Some(base) => base + f.sym,
