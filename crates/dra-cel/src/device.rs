@@ -116,20 +116,13 @@ fn domain_of<'a>(dev: DeviceRef<'a>, kind: Kind, domain: &str) -> Option<&'a str
     }
 }
 
-/// The attribute `domain`/`id` of `dev` if the interpreter would see it as a string: set,
-/// with no list or other scalar that [`convert`] reads before the string.
+/// The attribute `domain`/`id` of `dev` if the interpreter sees it as a string (see
+/// [`member`]).
 pub(crate) fn string_attribute<'a>(dev: DeviceRef<'a>, domain: &str, id: &str) -> Option<&'a str> {
-    let a = find(dev.attributes, dev.driver, domain, id)?;
-    let before = a.ints.is_some()
-        || a.bools.is_some()
-        || a.strings.is_some()
-        || a.versions.is_some()
-        || a.int.is_some()
-        || a.bool.is_some();
-    if before {
-        return None;
+    match member(find(dev.attributes, dev.driver, domain, id)?)? {
+        Member::String(s) => Some(s),
+        _ => None,
     }
-    a.string.as_deref()
 }
 
 fn version(s: &str) -> Result<SemverVal, ExecutionError> {
@@ -149,51 +142,69 @@ fn convert<'a>(entry: Entry<'a>) -> Result<Box<dyn Val + 'a>, ExecutionError> {
                 .map_err(|e| ExecutionError::function_error("quantity", e))?;
             Ok(Box::new(QuantityVal(q)))
         }
-        Entry::Attribute(a) => {
-            // Lists first, then scalars: the order Kubernetes reads the union in.
-            if let Some(v) = &a.ints {
+        Entry::Attribute(a) => match member(a) {
+            Some(Member::Ints(v)) => {
                 let items = v
                     .iter()
                     .map(|i| Box::new(CelInt::from(*i)) as Box<dyn Val + 'a>);
-                return Ok(Box::new(CelList::from(items.collect::<Vec<_>>())));
+                Ok(Box::new(CelList::from(items.collect::<Vec<_>>())))
             }
-            if let Some(v) = &a.bools {
+            Some(Member::Bools(v)) => {
                 let items = v
                     .iter()
                     .map(|b| Box::new(CelBool::from(*b)) as Box<dyn Val + 'a>);
-                return Ok(Box::new(CelList::from(items.collect::<Vec<_>>())));
+                Ok(Box::new(CelList::from(items.collect::<Vec<_>>())))
             }
-            if let Some(v) = &a.strings {
+            Some(Member::Strings(v)) => {
                 let items = v
                     .iter()
                     .map(|s| Box::new(CelString::from(s.as_str())) as Box<dyn Val + 'a>);
-                return Ok(Box::new(CelList::from(items.collect::<Vec<_>>())));
+                Ok(Box::new(CelList::from(items.collect::<Vec<_>>())))
             }
-            if let Some(v) = &a.versions {
+            Some(Member::Versions(v)) => {
                 let mut items: Vec<Box<dyn Val + 'a>> = Vec::with_capacity(v.len());
                 for s in v {
                     items.push(Box::new(version(s)?));
                 }
-                return Ok(Box::new(CelList::from(items)));
+                Ok(Box::new(CelList::from(items)))
             }
-            if let Some(i) = a.int {
-                return Ok(Box::new(CelInt::from(i)));
-            }
-            if let Some(b) = a.bool {
-                return Ok(Box::new(CelBool::from(b)));
-            }
-            if let Some(s) = &a.string {
-                return Ok(Box::new(CelString::from(s.as_str())));
-            }
-            if let Some(s) = &a.version {
-                return Ok(Box::new(version(s)?));
-            }
-            Err(ExecutionError::function_error(
+            Some(Member::Int(i)) => Ok(Box::new(CelInt::from(i))),
+            Some(Member::Bool(b)) => Ok(Box::new(CelBool::from(b))),
+            Some(Member::String(s)) => Ok(Box::new(CelString::from(s))),
+            Some(Member::Version(s)) => Ok(Box::new(version(s)?)),
+            None => Err(ExecutionError::function_error(
                 "attribute",
                 "unsupported attribute value",
-            ))
-        }
+            )),
+        },
     }
+}
+
+/// The member of an attribute's union that CEL sees.
+enum Member<'a> {
+    Ints(&'a [i64]),
+    Bools(&'a [bool]),
+    Strings(&'a [String]),
+    Versions(&'a [String]),
+    Int(i64),
+    Bool(bool),
+    String(&'a str),
+    Version(&'a str),
+}
+
+/// Lists first, then scalars: the order Kubernetes reads the union in.
+fn member(a: &DeviceAttribute) -> Option<Member<'_>> {
+    let list = a
+        .ints
+        .as_deref()
+        .map(Member::Ints)
+        .or_else(|| a.bools.as_deref().map(Member::Bools))
+        .or_else(|| a.strings.as_deref().map(Member::Strings))
+        .or_else(|| a.versions.as_deref().map(Member::Versions));
+    list.or_else(|| a.int.map(Member::Int))
+        .or_else(|| a.bool.map(Member::Bool))
+        .or_else(|| a.string.as_deref().map(Member::String))
+        .or_else(|| a.version.as_deref().map(Member::Version))
 }
 
 fn key_str(key: &dyn Val) -> Result<&str, ExecutionError> {
