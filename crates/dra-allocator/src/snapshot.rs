@@ -671,15 +671,17 @@ fn parse_counters(device: &Device) -> Result<Consumption, String> {
 /// A device's taints: its own (`own`: its facts say it has some) and those of the rules
 /// that match it. Most devices have none: the empty boxed slice is then made directly, as
 /// moving an empty `Vec` into one stalls on the store of its fields just written.
-fn device_taints(
+/// The device is read only then (its slice's objects are not touched for most).
+fn device_taints<'d>(
     own: bool,
     rules: &[DeviceTaintRule],
     spec: &ResourceSliceSpec,
-    device: &Device,
+    device: impl FnOnce() -> &'d Device,
 ) -> Box<[DeviceTaint]> {
     if !own && rules.is_empty() {
         return Box::default();
     }
+    let device = device();
     let mut taints: Vec<DeviceTaint> = Vec::new();
     if own {
         taints.extend(device.taints.iter().flatten().cloned());
@@ -734,8 +736,9 @@ impl Snapshot {
         let mut compat_slices: Vec<bool> = Vec::with_capacity(slices.len());
         // The NUMA id of each value number met under NUMA_ATTRIBUTE.
         let mut numa_by_value: NumMap<u32, Option<u32>> = NumMap::default();
-        // The last (value number, NUMA id) converted, or none.
-        let mut last_numa = (crate::intern::ABSENT, None);
+        // Recent (value number, NUMA id) pairs, by the value number's low bits: a node's
+        // few NUMA values repeat on every node, so most devices skip the map.
+        let mut numa_memo = [(crate::intern::ABSENT, None); 4];
         // Sorted by (driver, pool), then input order: one sort, no map entry per pool.
         let keyed = pool_sorted(&slices);
         let mut slice_pool = vec![0u32; slices.len()];
@@ -792,7 +795,7 @@ impl Snapshot {
             for (di, f) in facts.devices.iter().enumerate() {
                 // The device itself is read only where its facts say there is more to see.
                 let device = || (&api_devices[di], slice.maps(di));
-                let taints = device_taints(f.taints, &taint_rules, spec, device().0);
+                let taints = device_taints(f.taints, &taint_rules, spec, || device().0);
                 maps_node_resources |= f.node_resources;
                 let view = f.view;
                 let mut numa_of = |v: crate::attr::AttrValue| match numa_ids.get(&v) {
@@ -810,17 +813,17 @@ impl Snapshot {
                     lookup().map(&mut numa_of)
                 } else if f.numa == crate::intern::ABSENT {
                     None
-                } else if last_numa.0 == f.numa {
-                    // A node's devices mostly follow each other by NUMA node: the value
-                    // of the device before, without a map lookup.
-                    last_numa.1
+                } else if let memo = &mut numa_memo[f.numa as usize % 4]
+                    && memo.0 == f.numa
+                {
+                    memo.1
                 } else {
                     // Only the qualified name counts, and equal value numbers are equal
                     // attributes, so each is converted once.
                     let id = *numa_by_value
                         .entry(f.numa)
                         .or_insert_with(|| lookup().map(&mut numa_of));
-                    last_numa = (f.numa, id);
+                    numa_memo[f.numa as usize % 4] = (f.numa, id);
                     id
                 };
                 let sym = match local_syms {
@@ -922,7 +925,7 @@ impl Snapshot {
         shared_pools.sort_unstable();
         shared_pools.dedup();
         snapshot.shared_pools = shared_pools;
-        let mut cache = Vec::new();
+        let mut cache = Vec::with_capacity(snapshot.pool_ranges.len());
         for pi in 0..snapshot.pool_ranges.len() as u32 {
             let all = snapshot.pool_slices(pi);
             cache.push(None);
@@ -1183,7 +1186,7 @@ impl Snapshot {
                 .copied(),
         };
         if let Some(b) = hit {
-            self.remember_here(expr, entry, b);
+            self.remember_here(expr, entry, reads, b);
         }
         hit
     }
@@ -1192,7 +1195,7 @@ impl Snapshot {
     /// the device reads the same (compared in place: no key built), else the shared map's.
     fn read_result(&self, expr: u32, entry: u32, reads: &[ReadIds]) -> Option<bool> {
         let e = &self.devices[entry as usize];
-        let pairs = &self.facts[e.slice as usize].pairs;
+        let pairs = self.read_pairs(e, reads);
         READ_KEY
             .with_borrow_mut(|(_, last)| last.holds(self.cache.id, expr, &e.view, pairs, reads))
             .or_else(|| {
@@ -1221,13 +1224,24 @@ impl Snapshot {
         f: impl FnOnce(&mut LastRead, &[u32]) -> T,
     ) -> T {
         let e = &self.devices[entry as usize];
-        let (view, pairs) = (&e.view, &self.facts[e.slice as usize].pairs);
+        let (view, pairs) = (&e.view, self.read_pairs(e, reads));
         READ_KEY.with_borrow_mut(|(buf, last)| {
             buf.clear();
             buf.extend(read_key_head(expr, view));
             buf.extend(reads.iter().map(|r| view.value(pairs, r)));
             f(last, buf)
         })
+    }
+
+    /// The pairs `reads` are looked up in: none when the expression reads nothing beyond
+    /// the driver (the usual class selector), so its slice's facts are not touched (in a
+    /// fresh snapshot, a memory miss per node).
+    fn read_pairs(&self, e: &DeviceEntry, reads: &[ReadIds]) -> &[(u32, u32)] {
+        if reads.is_empty() {
+            &[]
+        } else {
+            &self.facts[e.slice as usize].pairs
+        }
     }
 
     fn read_shard(&self, key: &[u32]) -> &RwLock<ReadShard> {
@@ -1239,12 +1253,30 @@ impl Snapshot {
         &self.cache.results[(view as usize ^ expr as usize) % CACHE_SHARDS]
     }
 
-    fn remember_here(&self, expr: u32, entry: u32, matches: bool) {
-        if expr < SEL_BITS {
-            let value = u64::from(matches) << (SEL_BITS + expr);
-            self.devices[entry as usize]
-                .sel
-                .fetch_or(1 << expr | value, Ordering::Relaxed);
+    /// Records the result in the device's first-level cache, and in that of the devices
+    /// after it in its slice that agree on what the expression reads (`reads`, see
+    /// [`crate::reads`]), up to the first that does not: a slice's devices mostly agree
+    /// (every GPU of a node is the same model), so the rest of them skip the lookup.
+    fn remember_here(&self, expr: u32, entry: u32, reads: Option<&[ReadIds]>, matches: bool) {
+        if expr >= SEL_BITS {
+            return;
+        }
+        let bits = 1 << expr | u64::from(matches) << (SEL_BITS + expr);
+        let e = &self.devices[entry as usize];
+        e.sel.fetch_or(bits, Ordering::Relaxed);
+        let Some(reads) = reads else { return };
+        let pairs = self.read_pairs(e, reads);
+        let head = read_key_head(expr, &e.view);
+        let (_, to) = self.slice_devices[e.slice as usize];
+        for other in &self.devices[entry as usize + 1..to as usize] {
+            let same = read_key_head(expr, &other.view) == head
+                && reads
+                    .iter()
+                    .all(|r| other.view.value(pairs, r) == e.view.value(pairs, r));
+            if !same {
+                break;
+            }
+            other.sel.fetch_or(bits, Ordering::Relaxed);
         }
     }
 
@@ -1255,7 +1287,7 @@ impl Snapshot {
         reads: Option<&[ReadIds]>,
         matches: bool,
     ) {
-        self.remember_here(expr, entry, matches);
+        self.remember_here(expr, entry, reads, matches);
         match reads {
             Some(reads) => self.with_read_key(expr, entry, reads, |last, key| {
                 last.remember(self.cache.id, key, matches);

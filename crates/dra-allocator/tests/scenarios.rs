@@ -1059,6 +1059,44 @@ fn class_and_request_selectors_both_apply() {
     );
 }
 
+/// A selector's result is shared with the devices after the first evaluated that read the
+/// same, up to the first that does not: a different device in the middle of a slice, and
+/// the like devices after it, each get their own answer, cold and warm.
+#[test]
+fn a_selector_result_is_shared_only_by_devices_that_read_the_same() {
+    let models = ["a100", "a100", "h100", "a100", "h100", "h100"];
+    let six = || {
+        slice("n1-gpus", GPU).pool("n1", 1, 1).node("n1").devices(
+            models
+                .iter()
+                .enumerate()
+                .map(|(i, m)| device(&format!("gpu-{i}")).string("model", m)),
+        )
+    };
+    let snap = world().slice(six()).snapshot();
+    let model_is = |model: &str| {
+        claim("c").request(request("r", "gpu").all().selector(&format!(
+            "device.attributes[\"{GPU}\"].model == \"{model}\""
+        )))
+    };
+    for _ in 0..2 {
+        assert_eq!(
+            devices(&ok(&snap, &[model_is("a100")]), 0),
+            ["r=gpu-0", "r=gpu-1", "r=gpu-3"]
+        );
+        assert_eq!(
+            devices(&ok(&snap, &[model_is("h100")]), 0),
+            ["r=gpu-2", "r=gpu-4", "r=gpu-5"]
+        );
+    }
+    // A fresh snapshot asked for h100 first: gpu-0's "no" is not carried past gpu-1.
+    let fresh = world().slice(six()).snapshot();
+    assert_eq!(
+        devices(&ok(&fresh, &[model_is("h100")]), 0),
+        ["r=gpu-2", "r=gpu-4", "r=gpu-5"]
+    );
+}
+
 #[test]
 fn gpu_and_nic_on_the_same_numa_node_across_drivers() {
     let snap = two_drivers()
