@@ -535,11 +535,15 @@ impl<'a> NodeRun<'a> {
             shares: None,
             home: Some(sc),
         };
-        for r in 0..plan.reqs.len() {
-            let mut rr = std::mem::take(&mut run.reqs[r]);
-            run.candidates(&plan.reqs[r], &mut rr)?;
-            run.reqs[r] = rr;
-        }
+        // The vector, not each request's entry, is taken out: an entry is 400 bytes.
+        let mut reqs = std::mem::take(&mut run.reqs);
+        let found = plan
+            .reqs
+            .iter()
+            .zip(&mut reqs)
+            .try_for_each(|(r, rr)| run.candidates(r, rr));
+        run.reqs = reqs;
+        found?;
         if plan.packing {
             run.order_for_packing();
         }
@@ -891,14 +895,13 @@ impl<'a> NodeRun<'a> {
             }
             totals = self.consumed.clone();
         }
-        for r in 0..self.reqs.len() {
-            if !any_counters && !self.reqs[r].any_multi {
-                continue;
+        let mut reqs = std::mem::take(&mut self.reqs);
+        for (p, rr) in self.plan.reqs.iter().zip(&mut reqs) {
+            if any_counters || rr.any_multi {
+                self.prepare_request(p, rr, &mut totals);
             }
-            let mut rr = std::mem::take(&mut self.reqs[r]);
-            self.prepare_request(&self.plan.reqs[r], &mut rr, &mut totals);
-            self.reqs[r] = rr;
         }
+        self.reqs = reqs;
     }
 
     /// `totals`: zeros shaped like `consumed`, left so.
