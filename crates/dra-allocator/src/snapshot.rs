@@ -1255,8 +1255,10 @@ impl Snapshot {
 
     /// Records the result in the device's first-level cache, and in that of the devices
     /// after it in its slice that agree on what the expression reads (`reads`, see
-    /// [`crate::reads`]), up to the first that does not: a slice's devices mostly agree
-    /// (every GPU of a node is the same model), so the rest of them skip the lookup.
+    /// [`crate::reads`]), up to the first that does not, or that has a result already: a
+    /// slice's devices mostly agree (every GPU of a node is the same model), so the rest of
+    /// them skip the lookup. Each device is filled at most once per expression, whatever
+    /// order the devices are looked at in.
     fn remember_here(&self, expr: u32, entry: u32, reads: Option<&[ReadIds]>, matches: bool) {
         if expr >= SEL_BITS {
             return;
@@ -1269,7 +1271,8 @@ impl Snapshot {
         let head = read_key_head(expr, &e.view);
         let (_, to) = self.slice_devices[e.slice as usize];
         for other in &self.devices[entry as usize + 1..to as usize] {
-            let same = read_key_head(expr, &other.view) == head
+            let same = other.known_selector(expr).is_none()
+                && read_key_head(expr, &other.view) == head
                 && reads
                     .iter()
                     .all(|r| other.view.value(pairs, r) == e.view.value(pairs, r));
