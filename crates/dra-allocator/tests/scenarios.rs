@@ -923,11 +923,9 @@ fn n_of_n_minus_one_is_refused_without_search() {
     let claims = [claim("c").request(request("r", "gpu").count(32))];
     let refs: Vec<ResourceClaim> = claims.iter().map(clone_claim).collect();
     let allocator = Allocator::new(&snap, &refs.iter().collect::<Vec<_>>()).unwrap();
-    let start = Instant::now();
     let (outcome, stats) = allocator.allocate_with(&n1(), Limits::default()).unwrap();
     assert!(outcome.explanation().is_some());
     assert!(stats.steps < 10, "steps {}", stats.steps);
-    assert!(start.elapsed() < Duration::from_millis(100));
     // Split over two requests the union bound catches it too.
     let two = [claim("c")
         .request(request("a", "gpu").count(16))
@@ -958,7 +956,6 @@ fn twenty_requests_sharing_one_value_are_refused_fast() {
     let c = c.match_attribute("resource.kubernetes.io/numaNode", &[]);
     let refs = [clone_claim(&c)];
     let allocator = Allocator::new(&snap, &[&refs[0]]).unwrap();
-    let start = Instant::now();
     let (outcome, stats) = allocator
         .allocate_with(
             &n1(),
@@ -972,11 +969,6 @@ fn twenty_requests_sharing_one_value_are_refused_fast() {
     assert!(
         e.notes[0].contains("at most 8 free devices share one value"),
         "{e}"
-    );
-    assert!(
-        start.elapsed() < Duration::from_millis(200),
-        "{:?}",
-        start.elapsed()
     );
     assert!(stats.steps < 1000, "steps {}", stats.steps);
     // With 8 requests it fits on NUMA 0.

@@ -1,18 +1,15 @@
 //! The cost bound: expressions whose worst case exceeds Kubernetes' 1,000,000 units are
 //! rejected with a cost error before they run; ordinary selectors are far below it.
 
-use std::time::{Duration, Instant};
-
 use dra_cel::{CelErrorKind, Environment, MAX_COST};
 
 fn cost_error(expr: &str) {
     let env = Environment::default();
-    let start = Instant::now();
+    // Refused by compile, which runs nothing: the bound holds before any evaluation.
     let err = env.compile(expr).expect_err(expr);
     assert_eq!(err.kind, CelErrorKind::Cost, "{expr}: {err:?}");
     assert_eq!(err.expression, expr);
     assert!(err.message.contains("exceeds"), "{}", err.message);
-    assert!(start.elapsed() < Duration::from_secs(1));
 }
 
 #[test]
