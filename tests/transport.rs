@@ -1,13 +1,14 @@
 //! The daemon's API client (`dra_scheduler::run::transport`) against the real API server:
 //! requests in flight together share one HTTP/2 connection, where kube's own client
-//! (HTTP/1.1) opens a connection, with its TLS handshake, for each.
+//! (HTTP/1.1) opens a connection, with its TLS handshake, for each. A plain `http://` URL
+//! (`kubectl proxy`) is spoken to in HTTP/1.1.
 
 use std::collections::HashSet;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::ListParams;
 use kube::{Api, Client};
-use test_cluster::TestCluster;
+use test_cluster::{TestCluster, eventually, free_port};
 
 /// This process's established TCP connections to `port` on this host: its sockets (from
 /// /proc/self/fd) among /proc/net/tcp's and tcp6's entries in state 01 with that remote
@@ -74,5 +75,52 @@ async fn requests_in_flight_together_share_one_connection() {
     assert!(
         with_theirs > 1,
         "kube's HTTP/1.1 client used {with_theirs} connection(s) for 40 requests at once"
+    );
+}
+
+/// A child process killed when the test ends, passed or not.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_plain_http_url_is_spoken_to_in_http_1_1() {
+    let cluster = TestCluster::shared();
+    let port = free_port();
+    let _proxy = Killed(
+        cluster
+            .kubectl()
+            .args([
+                "proxy",
+                "--address",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+            ])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("kubectl proxy starts"),
+    );
+    eventually("kubectl proxy listening", 30, || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()
+    })
+    .await;
+    let url = format!("http://127.0.0.1:{port}").parse().expect("a URL");
+
+    // The proxy's server speaks HTTP/1.1 only: an HTTP/2 preface there would fail each list.
+    let ours = dra_scheduler::run::transport::client(kube::Config::new(url)).expect("client");
+    let before = connections_to(port);
+    list_at_once(&ours, 10).await;
+    let opened = connections_to(port) - before;
+    assert!(
+        opened > 1,
+        "10 lists at once over HTTP/1.1 need connections of their own; {opened} stayed open"
     );
 }
