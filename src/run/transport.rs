@@ -26,9 +26,10 @@
 //! so each request of a first burst dialled its own. 40 namespace lists at once opened up
 //! to 15 connections that stayed established (tests/transport.rs failed once in eight runs
 //! on an idle machine, and in CI). HTTP/2 alone lets the pool dial once and queue the rest
-//! behind that handshake. A TLS endpoint that refuses HTTP/2 (no API server does; a proxy
-//! in front of one might) fails the TLS handshake with a "no application protocol" alert;
-//! plain `http://` URLs (a local `kubectl proxy`) use HTTP/1.1.
+//! behind that handshake. A TLS endpoint without HTTP/2 (no API server; a proxy in front of
+//! one might be) fails each connection, at the TLS handshake's ALPN or at the HTTP/2
+//! preface, instead of falling back; plain `http://` URLs (a local `kubectl proxy`) use
+//! HTTP/1.1.
 //!
 //! Watches on a connection apart from the writes (benches/e2e's template burst, 2,500 pods,
 //! one connection then two, alternating, two pairs): 117 and 126 pods/s against 130 and
