@@ -26,7 +26,8 @@
 //!   (default: half the devices, 2,500 at 500 nodes, after 2,500 allocated first, as
 //!   scheduler_perf's 5000pods_500nodes);
 //! - `E2E_STEADY_SECONDS` (30), `E2E_STEADY_PENDING` (10): the steady state's window and
-//!   the pods kept waiting;
+//!   its batch of pods; `E2E_STEADY_REFILL`: `batch` (scheduler_perf's: the next batch
+//!   once all of one are bound, the default) or `each` (each bound pod replaced at once);
 //! - `E2E_ROUNDS` (1): how many times each workload's runners run, in turn (kube, ours,
 //!   ceiling, kube, ours, ...); the targets are then judged on the median of the rounds'
 //!   ratios, each round's runs compared with each other;
@@ -48,7 +49,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use measure::{Outcome, Runner, Settings};
-use workload::Workload;
+use workload::{Refill, Workload};
 
 fn env_num<T: std::str::FromStr>(name: &str) -> Option<T> {
     let value = std::env::var(name).ok()?;
@@ -91,6 +92,10 @@ fn main() {
     let steady = (
         env_num("E2E_STEADY_PENDING").unwrap_or(10),
         env_num("E2E_STEADY_SECONDS").unwrap_or(30),
+        std::env::var("E2E_STEADY_REFILL").map_or(Refill::Batch, |s| {
+            Refill::parse(s.trim())
+                .unwrap_or_else(|| panic!("E2E_STEADY_REFILL={s}: batch or each"))
+        }),
     );
     let report_dir = std::env::var("E2E_REPORT")
         .map(PathBuf::from)
@@ -111,7 +116,7 @@ fn main() {
     let header = format!(
         "# dra-scheduler and kube-scheduler 1.37, side by side\n\n\
          `cargo bench --bench e2e` on {} ({} CPUs), commit {}{}, {}. {nodes} nodes; {rounds} round(s); client QPS and burst {} \
-         for both schedulers and kube-controller-manager; the write ceiling writes for {} pods at once. Latency: from the harness sending a \
+         for both schedulers and kube-controller-manager; the write ceiling writes for {} pods at once; SteadyState {}. Latency: from the harness sending a \
          pod's create to its watch seeing the pod's nodeName, in two parts: to the watch seeing \
          the pod's claim named in its status (kube-controller-manager's part, the same for \
          every runner), and from there to the nodeName (the scheduler's, or the ceiling's). CPU: utime + stime of the \
@@ -130,6 +135,13 @@ fn main() {
         command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
         settings.qps,
         settings.ceiling_concurrency,
+        match steady.2 {
+            Refill::Batch => format!(
+                "in batches of {} (the next once all are bound, as scheduler_perf)",
+                steady.0
+            ),
+            Refill::EachPod => format!("with {} pods waiting, each replaced once bound", steady.0),
+        },
     );
 
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -25,7 +25,7 @@ use test_cluster::TestCluster;
 use tokio::sync::mpsc;
 
 use crate::common;
-use crate::workload::{self, Arrival, Plan, Workload};
+use crate::workload::{self, Arrival, Plan, Refill, Workload};
 
 /// The schedulerName of every measured pod, served by whichever scheduler runs.
 pub const SCHEDULER: &str = "dra-scheduler";
@@ -210,7 +210,16 @@ pub async fn run(plan: &Plan, runner: Runner, round: usize, settings: &Settings)
     let requests_before = api_requests(&cluster);
     let trace = match plan.arrival {
         Arrival::Burst { pods } => burst(&client, pods, settings.timeout).await,
-        Arrival::Steady { pending, seconds } => steady(&client, pending, seconds).await,
+        Arrival::Steady {
+            pending,
+            seconds,
+            refill: Refill::Batch,
+        } => steady_batches(&client, pending, seconds).await,
+        Arrival::Steady {
+            pending,
+            seconds,
+            refill: Refill::EachPod,
+        } => steady_each_pod(&client, pending, seconds).await,
     };
     let requests_after = api_requests(&cluster);
     let cpu_after = pid.and_then(cpu_seconds);
@@ -489,9 +498,60 @@ async fn burst(client: &Client, n: usize, timeout: Duration) -> Trace {
     }
 }
 
-/// scheduler_perf's steady state: `pending` pods at first; each pod seen bound is deleted
-/// and replaced by a new one; for `seconds`.
-async fn steady(client: &Client, pending: usize, seconds: u64) -> Trace {
+/// scheduler_perf's steady state (`createPodsSteadily`), for `seconds`: `pending` pods
+/// created at once; when the watch has seen all of them bound, one DeleteCollection of the
+/// namespace's pods (grace period 0, in the background), then the next batch.
+async fn steady_batches(client: &Client, pending: usize, seconds: u64) -> Trace {
+    let (mut bound_rx, claimed) = watch_bound(client).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "test");
+    let start = Instant::now();
+    let stop = tokio::time::Instant::from_std(start + Duration::from_secs(seconds));
+    let mut created = HashMap::new();
+    let mut bound = HashMap::new();
+    'window: for batch in 0.. {
+        let names: HashSet<String> = (0..pending)
+            .map(|i| format!("p-{:06}", batch * pending + i))
+            .collect();
+        let made = futures::future::join_all(names.iter().map(|n| create_pod(&pods, n.clone())));
+        match tokio::time::timeout_at(stop, made).await {
+            Ok(made) => created.extend(made),
+            Err(_) => break,
+        }
+        let mut waiting = names;
+        while !waiting.is_empty() {
+            match tokio::time::timeout_at(stop, bound_rx.recv()).await {
+                Ok(Some((name, at))) => {
+                    if waiting.remove(&name) {
+                        bound.insert(name, at);
+                    }
+                }
+                _ => break 'window,
+            }
+        }
+        let all = DeleteParams {
+            grace_period_seconds: Some(0),
+            propagation_policy: Some(kube::api::PropagationPolicy::Background),
+            ..DeleteParams::default()
+        };
+        let every_pod = kube::api::ListParams::default();
+        match tokio::time::timeout_at(stop, pods.delete_collection(&all, &every_pod)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => panic!("delete the bound batch: {e}"),
+            Err(_) => break,
+        }
+    }
+    Trace {
+        start,
+        seconds: seconds as f64,
+        created,
+        claimed: claimed.lock().unwrap().clone(),
+        bound,
+    }
+}
+
+/// Each pod seen bound is deleted and replaced by a new one at once, so that `pending`
+/// pods wait at all times; for `seconds`.
+async fn steady_each_pod(client: &Client, pending: usize, seconds: u64) -> Trace {
     let (mut bound_rx, claimed) = watch_bound(client).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "test");
     let created = Arc::new(Mutex::new(HashMap::new()));

@@ -21,7 +21,8 @@ pub enum Workload {
     /// them allocated first, then a burst of one-device pods that fills the rest.
     Template,
     /// SteadyStateClusterResourceClaimTemplate half_500nodes: half of the devices allocated;
-    /// a few pods pending at all times, each bound pod deleted and replaced.
+    /// batches of a few pods, each batch deleted once bound and replaced by the next
+    /// ([`Refill`]).
     SteadyState,
     /// FirstAvailable: the request's first subrequest names a class no device matches.
     FirstAvailable,
@@ -37,8 +38,35 @@ pub enum Workload {
 pub enum Arrival {
     /// All at once; measured until the last is bound.
     Burst { pods: usize },
-    /// `pending` pods waiting at all times, for `seconds`.
-    Steady { pending: usize, seconds: u64 },
+    /// `pending` pods at a time, replaced as `refill` says, for `seconds`.
+    Steady {
+        pending: usize,
+        seconds: u64,
+        refill: Refill,
+    },
+}
+
+/// How SteadyState replaces its bound pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Refill {
+    /// scheduler_perf's `createPodsSteadily`: a batch of `pending` pods created at once;
+    /// when all of them are bound, they are deleted together (one DeleteCollection, grace
+    /// period 0) and the next batch is created.
+    Batch,
+    /// Each pod seen bound is deleted and replaced at once, so that `pending` pods wait at
+    /// all times: paced by one pod's round trip, not by a batch's slowest pod.
+    EachPod,
+}
+
+impl Refill {
+    /// The name `E2E_STEADY_REFILL` uses.
+    pub fn parse(s: &str) -> Option<Refill> {
+        match s {
+            "batch" => Some(Refill::Batch),
+            "each" => Some(Refill::EachPod),
+            _ => None,
+        }
+    }
 }
 
 /// A workload at one size.
@@ -82,7 +110,7 @@ impl Workload {
     }
 
     /// The plan at `nodes` nodes; `pods` overrides the template burst's size.
-    pub fn plan(self, nodes: usize, pods: Option<usize>, steady: (usize, u64)) -> Plan {
+    pub fn plan(self, nodes: usize, pods: Option<usize>, steady: (usize, u64, Refill)) -> Plan {
         let half = nodes * BASIC_DEVICES / 2;
         let (init, arrival) = match self {
             Workload::Template => (
@@ -96,6 +124,7 @@ impl Workload {
                 Arrival::Steady {
                     pending: steady.0,
                     seconds: steady.1,
+                    refill: steady.2,
                 },
             ),
             Workload::FirstAvailable => (half, Arrival::Burst { pods: 2 * nodes }),
