@@ -59,7 +59,7 @@ async fn requests_in_flight_together_share_one_connection() {
         .expect("the API server's port");
     let before = connections_to(port);
 
-    let ours = dra_scheduler::run::transport::client(config.clone()).expect("client");
+    let ours = dra_scheduler::run::transport::client(config.clone(), None).expect("client");
     list_at_once(&ours, 40).await;
     let with_ours = connections_to(port) - before;
     assert_eq!(
@@ -115,7 +115,7 @@ async fn a_plain_http_url_is_spoken_to_in_http_1_1() {
     let url = format!("http://127.0.0.1:{port}").parse().expect("a URL");
 
     // The proxy's server speaks HTTP/1.1 only: an HTTP/2 preface there would fail each list.
-    let ours = dra_scheduler::run::transport::client(kube::Config::new(url)).expect("client");
+    let ours = dra_scheduler::run::transport::client(kube::Config::new(url), None).expect("client");
     let before = connections_to(port);
     list_at_once(&ours, 10).await;
     let opened = connections_to(port) - before;

@@ -818,8 +818,9 @@ async fn unwind_volume(
                 settled(metrics, || {
                     let (pvs, name, patch) = (&pvs, &name, patch.clone());
                     async move {
-                        pvs.patch(name, &PatchParams::default(), &Patch::Merge(patch))
-                            .await
+                        let (params, patch) = (PatchParams::default(), Patch::Merge(patch));
+                        let call = pvs.patch(name, &params, &patch);
+                        metrics.write("patch", "persistentvolumes", call).await
                     }
                 })
                 .await
@@ -842,9 +843,9 @@ async fn unwind_volume(
                 settled(metrics, || {
                     let (claims, patch) = (&claims, patch.clone());
                     async move {
-                        claims
-                            .patch(&key.name, &PatchParams::default(), &Patch::Merge(patch))
-                            .await
+                        let (params, patch) = (PatchParams::default(), Patch::Merge(patch));
+                        let call = claims.patch(&key.name, &params, &patch);
+                        metrics.write("patch", "persistentvolumeclaims", call).await
                     }
                 })
                 .await

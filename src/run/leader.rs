@@ -13,8 +13,16 @@
 //! So a leader whose renewals fail (API server unreachable, permission revoked) stops
 //! scheduling, lets its bindings settle and exits, all before anyone else can lead: two
 //! schedulers never write at the same time.
+//!
+//! The fence is asked by every attempt of every write, not once per write: the daemon's
+//! writing clients carry [`FenceLayer`] beneath their retry layer, so a request that kube's
+//! retries send again after a 429 or 503 asks again, and one still in flight when the
+//! window ends is cancelled then (its HTTP/2 stream reset) instead of landing later. On
+//! the way out, the Lease is released only after the fence is closed and every write in
+//! flight has ended ([`Fence::close_and_drain`]).
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -39,6 +47,23 @@ pub struct Fence {
     timing: Option<Timing>,
     /// When the last renewal that landed was sent (the start of its request).
     renewed: Mutex<Option<Instant>>,
+    /// Closed for good: the replica is releasing the Lease or stopping.
+    closed: AtomicBool,
+    /// Woken whenever the window moves or shuts, so that writes in flight look again.
+    moved: watch::Sender<()>,
+    /// Writes sent through [`Fence::bounded`] that have not ended.
+    in_flight: watch::Sender<usize>,
+}
+
+/// Until when a write may be in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    /// No leader election: always.
+    Open,
+    /// Until this instant (one [`WRITE_MARGIN`] before a standby could take the Lease).
+    Until(Instant),
+    /// Never: not (or no longer) the leader.
+    Shut,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -50,39 +75,111 @@ struct Timing {
 /// Writes stop this long before a standby could take the Lease.
 const WRITE_MARGIN: Duration = Duration::from_secs(1);
 
+/// How long releasing the Lease waits for the writes in flight to end once the fence is
+/// shut (they are cancelled at once; this bounds only the tasks' wake-up).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl Fence {
-    /// A fence that never closes: the replica schedules alone.
-    pub fn open() -> Fence {
+    fn with_timing(timing: Option<Timing>) -> Fence {
         Fence {
-            timing: None,
+            timing,
             renewed: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            moved: watch::Sender::new(()),
+            in_flight: watch::Sender::new(0),
         }
     }
 
-    fn elected(le: &LeaderElection) -> Fence {
-        Fence {
-            timing: Some(Timing {
-                lease_duration: Duration::from_secs(le.lease_duration_seconds),
-                renew_deadline: Duration::from_secs(le.renew_deadline_seconds),
-            }),
-            renewed: Mutex::new(None),
-        }
+    /// A fence that never closes: the replica schedules alone.
+    pub fn open() -> Fence {
+        Fence::with_timing(None)
+    }
+
+    /// The fence of a replica that campaigns for the Lease: shut until a renewal lands.
+    pub fn elected(le: &LeaderElection) -> Fence {
+        Fence::with_timing(Some(Timing {
+            lease_duration: Duration::from_secs(le.lease_duration_seconds),
+            renew_deadline: Duration::from_secs(le.renew_deadline_seconds),
+        }))
     }
 
     fn renewed_at(&self) -> Option<Instant> {
         *self.renewed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn renewal_landed(&self, sent: Instant) {
-        *self.renewed.lock().unwrap_or_else(|e| e.into_inner()) = Some(sent);
+    fn set_renewed(&self, at: Option<Instant>) {
+        *self.renewed.lock().unwrap_or_else(|e| e.into_inner()) = at;
+        self.moved.send_replace(());
     }
 
-    fn lost(&self) {
-        *self.renewed.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    pub(super) fn renewal_landed(&self, sent: Instant) {
+        self.set_renewed(Some(sent));
+    }
+
+    pub(super) fn lost(&self) {
+        self.set_renewed(None);
+    }
+
+    /// Until when a write may be in flight, as things stand.
+    pub fn window(&self) -> Window {
+        if self.closed.load(Ordering::Acquire) {
+            return Window::Shut;
+        }
+        match self.timing {
+            None => Window::Open,
+            Some(t) => match self.renewed_at() {
+                Some(r) => Window::Until(r + t.lease_duration - WRITE_MARGIN),
+                None => Window::Shut,
+            },
+        }
+    }
+
+    /// Shut the fence for good, cancelling every write in flight, and wait (at most
+    /// `timeout`) until each has ended. Then nothing this replica sent can still land.
+    pub async fn close_and_drain(&self, timeout: Duration) -> bool {
+        self.closed.store(true, Ordering::Release);
+        self.moved.send_replace(());
+        let mut in_flight = self.in_flight.subscribe();
+        tokio::time::timeout(timeout, in_flight.wait_for(|n| *n == 0))
+            .await
+            .is_ok()
+    }
+
+    /// Run one attempt of a write inside the window: refused when the fence is shut,
+    /// cancelled (the future dropped) when the window ends before it does.
+    pub async fn bounded<T, E>(
+        &self,
+        attempt: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, E>
+    where
+        E: From<NotLeader>,
+    {
+        let mut moved = self.moved.subscribe();
+        if !self.may_write(Instant::now()) {
+            return Err(NotLeader.into());
+        }
+        let _in_flight = InFlight::enter(&self.in_flight);
+        tokio::pin!(attempt);
+        loop {
+            let until = match self.window() {
+                Window::Open => return attempt.await,
+                Window::Shut => return Err(NotLeader.into()),
+                Window::Until(until) if Instant::now() >= until => return Err(NotLeader.into()),
+                Window::Until(until) => until,
+            };
+            tokio::select! {
+                result = &mut attempt => return result,
+                () = tokio::time::sleep_until(until.into()) => {}
+                _ = moved.changed() => {}
+            }
+        }
     }
 
     /// Whether this replica may start scheduling a pod now.
     pub fn may_schedule(&self, now: Instant) -> bool {
+        if self.closed.load(Ordering::Acquire) {
+            return false;
+        }
         match self.timing {
             None => true,
             Some(t) => self
@@ -93,11 +190,10 @@ impl Fence {
 
     /// Whether a write sent now is safe: no other replica can lead before it lands.
     pub fn may_write(&self, now: Instant) -> bool {
-        match self.timing {
-            None => true,
-            Some(t) => self
-                .renewed_at()
-                .is_some_and(|r| now + WRITE_MARGIN < r + t.lease_duration),
+        match self.window() {
+            Window::Open => true,
+            Window::Until(until) => now < until,
+            Window::Shut => false,
         }
     }
 
@@ -108,6 +204,22 @@ impl Fence {
         } else {
             Err(NotLeader)
         }
+    }
+}
+
+/// One write in flight, counted while it lives.
+struct InFlight<'a>(&'a watch::Sender<usize>);
+
+impl<'a> InFlight<'a> {
+    fn enter(count: &'a watch::Sender<usize>) -> InFlight<'a> {
+        count.send_modify(|n| *n += 1);
+        InFlight(count)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
     }
 }
 
@@ -137,21 +249,25 @@ enum Round {
 }
 
 impl Candidate {
-    pub fn new(client: Client, le: &LeaderElection, identity: String) -> Candidate {
+    /// A candidate for the Lease `le` names, renewing it through `client` (a client of
+    /// its own: no fence, no retries beyond its own rounds) and moving `fence` (made with
+    /// [`Fence::elected`]) with each renewal.
+    pub fn new(
+        client: Client,
+        le: &LeaderElection,
+        identity: String,
+        fence: std::sync::Arc<Fence>,
+    ) -> Candidate {
         Candidate {
             api: Api::namespaced(client, &le.lease_namespace),
             name: le.lease_name.clone(),
             identity,
             lease_duration: Duration::from_secs(le.lease_duration_seconds),
             retry_period: Duration::from_secs(le.retry_period_seconds),
-            fence: std::sync::Arc::new(Fence::elected(le)),
+            fence,
             observed: None,
             leading: false,
         }
-    }
-
-    pub fn fence(&self) -> std::sync::Arc<Fence> {
-        self.fence.clone()
     }
 
     /// Try to take or renew the Lease every retry period, until `stop` fires; then release
@@ -189,7 +305,16 @@ impl Candidate {
                 _ = stop.changed() => break,
             }
         }
-        if self.leading && self.fence.may_write(Instant::now()) {
+        // Nothing this replica sent may land once a standby leads: shut the fence and let
+        // every write in flight end before the Lease is given up.
+        let held = self.leading && self.fence.may_write(Instant::now());
+        if !self.fence.close_and_drain(DRAIN_TIMEOUT).await {
+            tracing::warn!(
+                "writes still in flight after the fence closed; keeping the Lease until it expires"
+            );
+            return;
+        }
+        if held {
             match self.release().await {
                 Ok(()) => tracing::info!("released the leader Lease"),
                 Err(e) => tracing::warn!(error = %e, "could not release the leader Lease"),
@@ -334,5 +459,63 @@ mod tests {
     fn without_leader_election_the_fence_is_open() {
         let f = Fence::open();
         assert!(f.may_schedule(Instant::now()) && f.check_write().is_ok());
+    }
+
+    /// A write that never answers, as one held up behind a slow or failing API server.
+    async fn never_answers() -> Result<(), NotLeader> {
+        std::future::pending().await
+    }
+
+    #[tokio::test]
+    async fn a_write_still_in_flight_when_the_window_ends_is_cancelled_then() {
+        let f = std::sync::Arc::new(Fence::elected(&LeaderElection {
+            lease_name: "l".into(),
+            lease_namespace: "ns".into(),
+            lease_duration_seconds: 2,
+            renew_deadline_seconds: 1,
+            retry_period_seconds: 1,
+        }));
+        assert!(
+            f.bounded(async { Ok::<_, NotLeader>(()) }).await.is_err(),
+            "never renewed: refused before it is sent"
+        );
+        let renewed = Instant::now();
+        f.renewal_landed(renewed);
+        let Window::Until(until) = f.window() else {
+            panic!("renewed: a window with an end")
+        };
+        assert_eq!(
+            until,
+            renewed + Duration::from_secs(1),
+            "a second before the Lease may be taken"
+        );
+        let write = tokio::spawn({
+            let f = f.clone();
+            async move { f.bounded(never_answers()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(*f.in_flight.borrow(), 1);
+        assert!(
+            write.await.unwrap().is_err(),
+            "cancelled at the window's end"
+        );
+        assert!(Instant::now() >= until);
+        assert_eq!(*f.in_flight.borrow(), 0);
+    }
+
+    #[tokio::test]
+    async fn closing_the_fence_cancels_writes_in_flight_before_the_lease_is_released() {
+        let f = std::sync::Arc::new(fence());
+        f.renewal_landed(Instant::now());
+        let write = tokio::spawn({
+            let f = f.clone();
+            async move { f.bounded(never_answers()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(f.close_and_drain(Duration::from_secs(5)).await, "drained");
+        assert!(write.await.unwrap().is_err());
+        assert!(!f.may_write(Instant::now()) && !f.may_schedule(Instant::now()));
+        f.renewal_landed(Instant::now());
+        assert_eq!(f.window(), Window::Shut, "closed for good");
     }
 }

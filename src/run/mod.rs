@@ -509,7 +509,8 @@ pub async fn kube_config(path: Option<&std::path::Path>) -> anyhow::Result<kube:
     })
 }
 
-/// The daemon's API clients, each on a connection of its own.
+/// The daemon's API clients, each on a connection of its own. Both that write ask the
+/// fence before every attempt ([`transport::FenceLayer`]).
 struct Clients {
     /// Every write but evictions, with kube's retries of 429, 503 and 504 (backing off,
     /// as client-go does).
@@ -520,16 +521,21 @@ struct Clients {
     /// Evictions, without retries: their 429 is a PodDisruptionBudget's refusal to be
     /// tried again later, not the server's load.
     evictions: Client,
+    /// The leader Lease, outside the fence (its renewals are what open it) and without
+    /// retries (the candidate tries again every retry period; a renewal retried past the
+    /// renew deadline would be worth nothing).
+    lease: Client,
 }
 
-async fn clients_for(config: &Config) -> anyhow::Result<Clients> {
+async fn clients_for(config: &Config, fence: &Arc<Fence>) -> anyhow::Result<Clients> {
     let kube_config = kube_config(config.kubeconfig.as_deref()).await?;
     let mut no_retry = kube_config.clone();
     no_retry.default_retry = false;
     Ok(Clients {
-        writes: transport::client(kube_config.clone())?,
-        watches: transport::client(kube_config)?,
-        evictions: transport::client(no_retry)?,
+        writes: transport::client(kube_config.clone(), Some(fence.clone()))?,
+        watches: transport::client(kube_config, None)?,
+        evictions: transport::client(no_retry.clone(), Some(fence.clone()))?,
+        lease: transport::client(no_retry, None)?,
     })
 }
 
@@ -765,14 +771,17 @@ enum Ending {
 /// Run the scheduler until SIGTERM or Ctrl-C.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let shutdown = Shutdown::listen();
-    let clients = clients_for(&config).await?;
+    let fence = Arc::new(
+        config
+            .leader_election
+            .as_ref()
+            .map_or_else(Fence::open, Fence::elected),
+    );
+    let clients = clients_for(&config, &fence).await?;
     let candidate = config
         .leader_election
         .as_ref()
-        .map(|le| Candidate::new(clients.writes.clone(), le, identity()));
-    let fence = candidate
-        .as_ref()
-        .map_or_else(|| Arc::new(Fence::open()), Candidate::fence);
+        .map(|le| Candidate::new(clients.lease.clone(), le, identity(), fence.clone()));
     let (done_tx, done_rx) = mpsc::unbounded_channel::<Done>();
     let mut daemon = Daemon::new(&config, clients.writes, fence, done_tx).await?;
     daemon.eviction_client = Some(clients.evictions);

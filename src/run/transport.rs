@@ -45,6 +45,7 @@
 //! what runs of one build vary by (121 to 141 pods/s); kept because a burst's watch events,
 //! or a relist, then share no connection with the binder's requests.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -53,6 +54,8 @@ use kube::client::ConfigExt;
 use kube::client::retry::RetryPolicy;
 use tower::retry::RetryLayer;
 use tower::{BoxError, ServiceBuilder};
+
+use super::leader::Fence;
 
 /// Idle time after which the client pings the server (client-go's ReadIdleTimeout).
 const PING_AFTER: Duration = Duration::from_secs(30);
@@ -65,8 +68,65 @@ const PING_TIMEOUT: Duration = Duration::from_secs(15);
 const STREAM_WINDOW: u32 = 4 << 20;
 const CONNECTION_WINDOW: u32 = 1 << 30;
 
+/// Asks the fence before each attempt of a request that changes something (every method
+/// but GET, HEAD and OPTIONS: watches and reads pass), and ends the attempt when the
+/// fence's window does (see [`Fence::bounded`]). It sits beneath the retry layer, so every
+/// retry asks again.
+#[derive(Clone)]
+pub struct FenceLayer(pub Arc<Fence>);
+
+impl<S> tower::Layer<S> for FenceLayer {
+    type Service = Fenced<S>;
+
+    fn layer(&self, inner: S) -> Fenced<S> {
+        Fenced {
+            inner,
+            fence: self.0.clone(),
+        }
+    }
+}
+
+/// The service [`FenceLayer`] makes.
+#[derive(Clone)]
+pub struct Fenced<S> {
+    inner: S,
+    fence: Arc<Fence>,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Fenced<S>
+where
+    S: tower::Service<http::Request<B>, Error = BoxError>,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let reads = matches!(
+            *request.method(),
+            http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+        );
+        let attempt = self.inner.call(request);
+        if reads {
+            return Box::pin(attempt);
+        }
+        let fence = self.fence.clone();
+        Box::pin(async move { fence.bounded(attempt).await })
+    }
+}
+
 /// A client for `config`: HTTP/2 over TLS (offered alone in ALPN), HTTP/1.1 in the clear.
-pub fn client(config: kube::Config) -> anyhow::Result<kube::Client> {
+/// With a `fence`, every attempt of every write asks it ([`FenceLayer`]).
+pub fn client(config: kube::Config, fence: Option<Arc<Fence>>) -> anyhow::Result<kube::Client> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -105,9 +165,76 @@ pub fn client(config: kube::Config) -> anyhow::Result<kube::Client> {
                 .default_retry
                 .then(|| RetryLayer::new(RetryPolicy::server_retry())),
         )
+        .option_layer(fence.map(FenceLayer))
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(BoxError::from)
         .service(hyper);
     Ok(kube::Client::new(service, config.default_namespace))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::config::LeaderElection;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::{Service, ServiceExt};
+
+    /// The retry layer over the fence layer over a server that answers every write 503
+    /// and, on the second attempt, makes the replica lose its Lease.
+    #[tokio::test]
+    async fn every_retry_of_a_write_asks_the_fence_again() {
+        let fence = Arc::new(Fence::elected(&LeaderElection {
+            lease_name: "l".into(),
+            lease_namespace: "ns".into(),
+            lease_duration_seconds: 10,
+            renew_deadline_seconds: 7,
+            retry_period_seconds: 2,
+        }));
+        fence.renewal_landed(std::time::Instant::now());
+        let sent = Arc::new(AtomicUsize::new(0));
+        let server = tower::service_fn({
+            let (sent, fence) = (sent.clone(), fence.clone());
+            move |request: http::Request<kube::client::Body>| {
+                let status = if request.method() == http::Method::GET {
+                    200
+                } else {
+                    if sent.fetch_add(1, Ordering::SeqCst) == 1 {
+                        fence.lost();
+                    }
+                    503
+                };
+                async move {
+                    Ok::<_, BoxError>(
+                        http::Response::builder()
+                            .status(status)
+                            .body(kube::client::Body::empty())
+                            .unwrap(),
+                    )
+                }
+            }
+        });
+        let mut client = ServiceBuilder::new()
+            .layer(RetryLayer::new(RetryPolicy::server_retry()))
+            .layer(FenceLayer(fence.clone()))
+            .service(server);
+        let binding = || {
+            http::Request::post("/api/v1/namespaces/default/pods/p/binding")
+                .body(kube::client::Body::from(b"{}".to_vec()))
+                .unwrap()
+        };
+        let refused = client.ready().await.unwrap().call(binding()).await;
+        let error = refused.expect_err("refused once the Lease is lost");
+        assert!(error.is::<super::super::leader::NotLeader>(), "{error}");
+        assert_eq!(
+            sent.load(Ordering::SeqCst),
+            2,
+            "the first try and one retry were sent; the retries after the loss were not"
+        );
+        let watch = http::Request::get("/api/v1/pods?watch=true")
+            .body(kube::client::Body::empty())
+            .unwrap();
+        let read = client.ready().await.unwrap().call(watch).await;
+        assert!(read.is_ok(), "reads pass a shut fence");
+    }
 }
