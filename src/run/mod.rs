@@ -58,6 +58,7 @@ use self::leader::{Candidate, Fence};
 use self::metrics::Metrics;
 use self::preemption::Budgets;
 use self::queue::{SchedulingQueue, Wake};
+use dra_engine::queueing_hints::ClusterEvent;
 
 /// The kinds the scheduler always watches; it schedules only once every kind it watches
 /// has synced (these, DeviceTaintRule where served, storage's and workloads' kinds).
@@ -1320,25 +1321,27 @@ impl Daemon {
         }
         here(&mut self.engine).assume(&placement);
         // The pod counts from now on for others' pod affinity and spread.
-        self.queue.pods_placed();
+        self.queue
+            .cluster_event(ClusterEvent::AssignedPodAdded, Instant::now());
         self.book.in_flight.insert(key.clone(), placement.clone());
         self.metrics.in_flight.set(self.book.in_flight.len() as i64);
         let timing = Timing {
             queued: self.queue.added_at(&key),
             attempt_seconds,
         };
-        let (client, done, binds, metrics) = (
+        let (client, done, binds, metrics, owners) = (
             self.client.clone(),
             self.done.clone(),
             self.binds.clone(),
             self.metrics.clone(),
+            self.owners.clone(),
         );
         tokio::spawn(async move {
             let _permit = binds.acquire_owned().await;
             let started = Instant::now();
             // Boxed, so that a binding waiting for its permit holds only its placement: in
             // a burst thousands wait, and the binding's own state is about 6.7 KB.
-            let result = Box::pin(binder::bind(&client, &metrics, &placement)).await;
+            let result = Box::pin(binder::bind(&client, &metrics, &owners, &placement)).await;
             metrics
                 .bind_latency
                 .with_label_values(&[if result.is_ok() { "ok" } else { "error" }])
@@ -1810,18 +1813,20 @@ impl Daemon {
                 attempt_seconds,
             });
         }
-        self.queue.pods_placed();
+        self.queue
+            .cluster_event(ClusterEvent::AssignedPodAdded, Instant::now());
         self.metrics.in_flight.set(self.book.in_flight.len() as i64);
-        let (client, done, binds, metrics) = (
+        let (client, done, binds, metrics, owners) = (
             self.client.clone(),
             self.done.clone(),
             self.binds.clone(),
             self.metrics.clone(),
+            self.owners.clone(),
         );
         tokio::spawn(async move {
             let _permit = binds.acquire_owned().await;
             let started = Instant::now();
-            let results = binder::bind_group(&client, &metrics, &placements).await;
+            let results = binder::bind_group(&client, &metrics, &owners, &placements).await;
             for ((placement, timing), result) in placements.into_iter().zip(timings).zip(results) {
                 metrics
                     .bind_latency
@@ -1883,9 +1888,12 @@ impl Daemon {
             tracing::warn!(pod = %placement.pod, node = %placement.node, error = %failure.message, "binding failed and could not be undone; its devices stay taken");
             engine.forget_pod(&placement);
         }
-        self.queue.backoff(&placement.pod, Instant::now());
+        let now = Instant::now();
+        self.queue.backoff(&placement.pod, now);
         // What it had assumed is free again.
-        self.queue.cluster_changed();
+        self.queue
+            .cluster_event(ClusterEvent::AssignedPodDeleted, now);
+        self.queue.cluster_event(ClusterEvent::ClaimFreed, now);
         self.user
             .failed(placement.pod, placement.pod_uid, failure.message);
     }
@@ -2031,8 +2039,9 @@ impl Bookkeeping {
     }
 }
 
-/// Applies an informer's change to the engine and the queue: the state takes it in, and a
-/// change that may help a pod that did not fit sends the unschedulable pods back to try.
+/// Applies an informer's change to the engine and the queue: the state takes it in, and
+/// the cluster events it amounts to send back the unschedulable pods they may help
+/// ([`dra_engine::queueing_hints`]).
 fn apply(
     engine: &mut Engine,
     queue: &mut SchedulingQueue,
@@ -2040,15 +2049,12 @@ fn apply(
     (informers, groups, budgets): (&mut Informers, &mut PodGroups, &mut Budgets),
     change: Change,
 ) {
-    // Whether the change may free or add what an unschedulable pod lacked.
-    let changed = match change {
+    let now = Instant::now();
+    let events: Vec<ClusterEvent> = match change {
         Change::Pod(event) => match apply_pod(engine, queue, book, informers, event) {
-            PodHint::Freed => true,
-            PodHint::Placed => {
-                queue.pods_placed();
-                false
-            }
-            PodHint::Nothing => false,
+            PodHint::Freed => vec![ClusterEvent::AssignedPodDeleted],
+            PodHint::Placed => vec![ClusterEvent::AssignedPodAdded],
+            PodHint::Nothing => Vec::new(),
         },
         Change::Claim(event) => {
             // The claim the event is about; a relist's end may remove any.
@@ -2058,9 +2064,16 @@ fn apply(
                 }
                 Event::Init | Event::InitDone => None,
             };
-            let changed = apply_claim(engine, informers, event);
+            let freed = apply_claim(engine, informers, event);
             if let Some(key) = &key {
                 queue.claim_changed(key);
+                // DynamicResources' hint: a claim's own pods may fit once it changes.
+                let state = engine.state();
+                queue.requeue_if(now, |pod, _| {
+                    state
+                        .pod(pod)
+                        .is_some_and(|p| dra_engine::claims::uses_claim(p, key))
+                });
             }
             // The API server's copy replaced what was assumed for bindings still in flight
             // that use the claim (only those: one event per claim re-asserting every
@@ -2073,32 +2086,71 @@ fn apply(
                     engine.reassert(placement);
                 }
             }
-            changed
+            freed
+                .then_some(ClusterEvent::ClaimFreed)
+                .into_iter()
+                .collect()
         }
         Change::Node(event) => apply_node(engine, informers, event),
-        Change::Namespace(event) => cluster_scoped(engine, informers, &NAMESPACES, event),
-        Change::Class(event) => cluster_scoped(engine, informers, &CLASSES, event),
-        Change::Slice(event) => cluster_scoped(engine, informers, &SLICES, event),
-        Change::TaintRule(event) => cluster_scoped(engine, informers, &TAINT_RULES, event),
-        Change::Storage(change) => storage::apply(engine, informers, book.placements(), change),
-        Change::Workloads(change) => workloads::apply(engine, informers, change),
+        Change::Namespace(event) => {
+            let relabelled = namespace_relabelled(engine, &event);
+            cluster_scoped(engine, informers, &NAMESPACES, event);
+            relabelled
+                .then_some(ClusterEvent::NamespaceLabelsChanged)
+                .into_iter()
+                .collect()
+        }
+        Change::Class(event) => {
+            cluster_scoped(engine, informers, &CLASSES, event);
+            vec![ClusterEvent::DeviceClassChanged]
+        }
+        Change::Slice(event) => {
+            cluster_scoped(engine, informers, &SLICES, event);
+            vec![ClusterEvent::SliceChanged]
+        }
+        Change::TaintRule(event) => {
+            cluster_scoped(engine, informers, &TAINT_RULES, event);
+            vec![ClusterEvent::DeviceTaintRuleChanged]
+        }
+        Change::Storage(change) => storage::apply(engine, informers, book.placements(), change)
+            .into_iter()
+            .collect(),
+        // Selectors of default spread constraints only move scores (see workloads.rs).
+        Change::Workloads(change) => {
+            workloads::apply(engine, informers, change);
+            Vec::new()
+        }
         // A PodGroup's members are woken by the group itself.
         Change::PodGroup(event) => {
             groups.apply(engine, queue, informers, event);
-            false
+            Vec::new()
         }
-        // A budget that allows more disruption may let a preemption through.
+        // Preemption prefers victims whose budgets allow it but is never stopped by one
+        // (kube-scheduler's DefaultPreemption): a budget's change makes no pod fit.
         Change::Pdb(event) => {
             budgets.apply(informers, event);
-            true
+            Vec::new()
         }
         Change::WatchError(kind, message) => {
             tracing::warn!(kind, error = %message, "watch failed; backing off and re-listing");
-            false
+            Vec::new()
         }
     };
-    if changed {
-        queue.cluster_changed();
+    for event in events {
+        queue.cluster_event(event, now);
+    }
+}
+
+/// Whether a namespace's event changes the labels pod affinity terms select namespaces by.
+fn namespace_relabelled(engine: &Engine, event: &Event<Namespace>) -> bool {
+    match event {
+        Event::Apply(ns) | Event::InitApply(ns) => engine
+            .state()
+            .namespaces
+            .get(&name(&ns.metadata))
+            .is_none_or(|old| old.metadata.labels != ns.metadata.labels),
+        Event::Delete(_) | Event::InitDone => true,
+        Event::Init => false,
     }
 }
 
@@ -2212,7 +2264,8 @@ fn pod_applied(
     hint
 }
 
-/// A claim's event; whether it may help the pods that wait.
+/// A claim's event; whether it freed devices or room for the pods that wait
+/// ([`ClusterEvent::ClaimFreed`]).
 fn apply_claim(
     engine: &mut Engine,
     informers: &mut Informers,
@@ -2222,9 +2275,9 @@ fn apply_claim(
         Event::Apply(c) | Event::InitApply(c) => {
             informers.seen("ResourceClaim", ObjectKey::of(&c.metadata));
             let old = engine.state().claim(&ObjectKey::of(&c.metadata));
-            let helps = claim_may_help(old, &c);
+            let freed = old.is_some_and(|old| claim_freed(old, &c));
             engine.upsert_claim(c);
-            helps
+            freed
         }
         Event::Delete(c) => {
             engine.remove_claim(&ObjectKey::of(&c.metadata));
@@ -2244,17 +2297,23 @@ fn apply_claim(
     }
 }
 
-/// A node's event; whether it may help the pods that wait.
-fn apply_node(engine: &mut Engine, informers: &mut Informers, event: Event<Node>) -> bool {
-    let helps = match &event {
-        Event::Apply(node) => {
+/// A node's event, as the cluster events it amounts to.
+fn apply_node(
+    engine: &mut Engine,
+    informers: &mut Informers,
+    event: Event<Node>,
+) -> Vec<ClusterEvent> {
+    let events = match &event {
+        Event::Apply(node) | Event::InitApply(node) => {
             let old = engine.state().nodes.get(&name(&node.metadata));
-            node_may_help(old.map(|i| &*i.node), node)
+            node_events(old.map(|i| &*i.node), node)
         }
-        _ => true,
+        Event::Delete(_) => vec![ClusterEvent::NodeDeleted],
+        Event::Init => Vec::new(),
+        Event::InitDone => vec![ClusterEvent::NodeDeleted],
     };
     cluster_scoped(engine, informers, &NODES, event);
-    helps
+    events
 }
 
 /// Whether a pod's update could change where it fits: anything but its status, resource
@@ -2278,25 +2337,35 @@ fn pod_changed_for_scheduling(old: &Pod, new: &Pod) -> bool {
     strip(old) != strip(new)
 }
 
-/// Whether a node's update could make an unschedulable pod fit: a new node, or a change
-/// of what filters look at (labels, taints, unschedulable, allocatable). Kubelets update
-/// their Node status all the time for other reasons; those do not retry every pod.
-fn node_may_help(old: Option<&Node>, new: &Node) -> bool {
-    let Some(old) = old else { return true };
+/// What a node's update may change for a filter: a new node, its labels, its taints or
+/// `spec.unschedulable`, its allocatable resources. Kubelets update their Node status all
+/// the time for other reasons; those retry no pod.
+fn node_events(old: Option<&Node>, new: &Node) -> Vec<ClusterEvent> {
+    let Some(old) = old else {
+        return vec![ClusterEvent::NodeAdded];
+    };
+    let taints = |n: &Node| n.spec.as_ref().map(|s| (s.taints.clone(), s.unschedulable));
     let allocatable = |n: &Node| n.status.as_ref().and_then(|s| s.allocatable.clone());
-    old.metadata.labels != new.metadata.labels
-        || old.spec != new.spec
-        || allocatable(old) != allocatable(new)
+    [
+        (
+            old.metadata.labels != new.metadata.labels,
+            ClusterEvent::NodeLabelsChanged,
+        ),
+        (taints(old) != taints(new), ClusterEvent::NodeTaintsChanged),
+        (
+            allocatable(old) != allocatable(new),
+            ClusterEvent::NodeAllocatableChanged,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(changed, event)| changed.then_some(event))
+    .collect()
 }
 
-/// Whether a claim's update could make an unschedulable pod fit (the queueing hint): a new
-/// claim (pods wait for their generated claims), devices given back, or a reservation
-/// freed. A claim becoming allocated or reserved only takes things away.
-fn claim_may_help(
-    old: Option<&k8s_openapi::api::resource::v1::ResourceClaim>,
-    new: &k8s_openapi::api::resource::v1::ResourceClaim,
-) -> bool {
-    let Some(old) = old else { return true };
+/// Whether a claim's update gave devices or room back: its allocation cleared, or a
+/// reservation ended (a shared claim's room). A claim becoming allocated or reserved
+/// only takes things away.
+fn claim_freed(old: &ResourceClaim, new: &ResourceClaim) -> bool {
     let allocated = |c: &ResourceClaim| c.status.as_ref().is_some_and(|s| s.allocation.is_some());
     let reservations = |c: &ResourceClaim| {
         c.status
@@ -2304,10 +2373,7 @@ fn claim_may_help(
             .and_then(|s| s.reserved_for.as_ref())
             .map_or(0, Vec::len)
     };
-    (allocated(old) && !allocated(new))
-        || reservations(new) < reservations(old)
-        || old.spec != new.spec
-        || new.metadata.deletion_timestamp != old.metadata.deletion_timestamp
+    (allocated(old) && !allocated(new)) || reservations(new) < reservations(old)
 }
 
 fn name(meta: &kube::api::ObjectMeta) -> String {
@@ -2672,17 +2738,30 @@ mod tests {
             .unwrap()
         };
         let old = node(serde_json::json!({"a": "1"}), "2026-12-01T00:00:00Z");
-        assert!(node_may_help(None, &old), "a new node");
-        assert!(
-            !node_may_help(
+        assert_eq!(node_events(None, &old), [ClusterEvent::NodeAdded]);
+        assert_eq!(
+            node_events(
                 Some(&old),
                 &node(serde_json::json!({"a": "1"}), "2026-12-01T00:01:00Z")
             ),
+            [],
             "a heartbeat"
         );
-        assert!(node_may_help(
-            Some(&old),
-            &node(serde_json::json!({"a": "2"}), "2026-12-01T00:00:00Z")
-        ));
+        assert_eq!(
+            node_events(
+                Some(&old),
+                &node(serde_json::json!({"a": "2"}), "2026-12-01T00:00:00Z")
+            ),
+            [ClusterEvent::NodeLabelsChanged]
+        );
+        let mut cordoned = old.clone();
+        cordoned.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            unschedulable: Some(true),
+            ..Default::default()
+        });
+        assert_eq!(
+            node_events(Some(&old), &cordoned),
+            [ClusterEvent::NodeTaintsChanged]
+        );
     }
 }

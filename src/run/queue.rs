@@ -1,10 +1,12 @@
 //! The scheduling queue: pods wait in one of three places, as in kube-scheduler.
 //! - active: ready to be tried, higher priority first, then the order they arrived;
 //! - backoff: tried and failed with an error, retried after an exponential, capped delay;
-//! - unschedulable: no node fits; retried when a cluster event could change that
-//!   ([`SchedulingQueue::cluster_changed`]), and in any case after
-//!   [`UNSCHEDULABLE_RETRY`] (kube-scheduler's podMaxInUnschedulablePodsDuration), in
-//!   case an event that mattered was not recognised as such;
+//! - unschedulable: no node fits; retried when a cluster event may change that for one of
+//!   the plugins that rejected it ([`SchedulingQueue::cluster_event`], by
+//!   [`dra_engine::queueing_hints`], as kube-scheduler's queueing hints), through backoff
+//!   if its backoff has not passed yet, and in any case after [`UNSCHEDULABLE_RETRY`]
+//!   (kube-scheduler's podMaxInUnschedulablePodsDuration), in case an event that mattered
+//!   was not recognised as such;
 //! - gated: a claim the pod names does not exist yet (kube-controller-manager creates claims
 //!   from templates just after the pod): no attempt, no event, until the pod itself or
 //!   that claim changes (kube-scheduler's PreEnqueue, and DynamicResources' queueing hint
@@ -16,6 +18,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use dra_engine::ObjectKey;
+use dra_engine::queueing_hints::{ClusterEvent, may_help};
 
 const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
@@ -59,6 +62,9 @@ struct Entry {
     gate_told: bool,
     /// The plugins that found it unschedulable last time.
     rejected_by: BTreeSet<&'static str>,
+    /// When its last attempt failed: an event moves it back no sooner than its backoff
+    /// after that.
+    failed_at: Option<Instant>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +99,7 @@ impl SchedulingQueue {
                 gated_since: None,
                 gate_told: false,
                 rejected_by: BTreeSet::new(),
+                failed_at: None,
             },
         );
     }
@@ -180,19 +187,58 @@ impl SchedulingQueue {
         if let Some(e) = self.pods.get_mut(key) {
             e.place = Place::Unschedulable(now);
             e.rejected_by = rejected_by;
+            e.failed_at = Some(now);
         }
     }
 
-    /// A pod was placed or a placed pod's labels changed: pods that pod affinity or
-    /// topology spread kept out may fit now (others could not: a placed pod only takes).
-    pub fn pods_placed(&mut self) {
+    /// How long a pod waits after a failed attempt before it is tried again: from 1 s,
+    /// doubling with each attempt, at most 10 s (kube-scheduler's pod backoff).
+    fn backoff_after(attempts: u32) -> Duration {
+        let shift = attempts.saturating_sub(1).min(8);
+        (INITIAL_BACKOFF * 2u32.pow(shift)).min(MAX_BACKOFF)
+    }
+
+    /// An event may help the pod: to the active queue, or to backoff while its backoff
+    /// after the last failed attempt has not passed (kube-scheduler's `isPodBackingoff`).
+    fn requeue(
+        active: &mut BTreeSet<(Reverse<i32>, u64, ObjectKey)>,
+        key: &ObjectKey,
+        e: &mut Entry,
+        now: Instant,
+    ) {
+        let until = e
+            .failed_at
+            .map(|failed| failed + Self::backoff_after(e.attempts));
+        match until {
+            Some(until) if now < until => e.place = Place::Backoff(until),
+            _ => Self::activate(active, key, e),
+        }
+    }
+
+    /// Something changed in the cluster: the unschedulable pods it may help go back (see
+    /// [`SchedulingQueue::requeue_if`]), and the gated pods any change wakes
+    /// ([`Wake::AnyChange`]).
+    pub fn cluster_event(&mut self, event: ClusterEvent, now: Instant) {
+        self.requeue_if(now, |_, rejected_by| {
+            rejected_by.is_empty() || rejected_by.iter().any(|p| may_help(p, event))
+        });
+    }
+
+    /// The unschedulable pods for which `helps(pod, plugins that rejected it)` go back to
+    /// the active queue, or to backoff while their backoff has not passed; so do the gated
+    /// pods any change wakes.
+    pub fn requeue_if(
+        &mut self,
+        now: Instant,
+        helps: impl Fn(&ObjectKey, &BTreeSet<&'static str>) -> bool,
+    ) {
         for (key, e) in self.pods.iter_mut() {
-            let hinted = e
-                .rejected_by
-                .iter()
-                .any(|p| *p == "InterPodAffinity" || *p == "PodTopologySpread");
-            if matches!(e.place, Place::Unschedulable(_)) && hinted {
-                Self::activate(&mut self.active, key, e);
+            match e.place {
+                Place::Unschedulable(_) if helps(key, &e.rejected_by) => {
+                    Self::requeue(&mut self.active, key, e, now)
+                }
+                Place::Gated(Wake::AnyChange) => Self::activate(&mut self.active, key, e),
+                _ => {}
             }
         }
     }
@@ -257,9 +303,8 @@ impl SchedulingQueue {
     /// The attempt failed (an error, or a write that did not land): retry after a delay.
     pub fn backoff(&mut self, key: &ObjectKey, now: Instant) {
         if let Some(e) = self.pods.get_mut(key) {
-            let shift = e.attempts.saturating_sub(1).min(8);
-            let delay = (INITIAL_BACKOFF * 2u32.pow(shift)).min(MAX_BACKOFF);
-            e.place = Place::Backoff(now + delay);
+            e.failed_at = Some(now);
+            e.place = Place::Backoff(now + Self::backoff_after(e.attempts));
         }
     }
 
@@ -273,19 +318,6 @@ impl SchedulingQueue {
             let old = e.place.clone();
             Self::activate(&mut self.active, key, e);
             self.stop_awaiting(key, &old);
-        }
-    }
-
-    /// Something changed that could make unschedulable pods fit: try them again, and the
-    /// gated pods that any change wakes ([`Wake::AnyChange`]).
-    pub fn cluster_changed(&mut self) {
-        for (key, e) in self.pods.iter_mut() {
-            if matches!(
-                e.place,
-                Place::Unschedulable(_) | Place::Gated(Wake::AnyChange)
-            ) {
-                Self::activate(&mut self.active, key, e);
-            }
         }
     }
 
@@ -382,7 +414,7 @@ mod tests {
         q.flush_unschedulable(t0 + Duration::from_secs(299));
         assert_eq!(q.pop(), None, "no polling");
         assert_eq!(q.lengths(), (0, 0, 1, 0));
-        q.cluster_changed();
+        q.cluster_event(ClusterEvent::NodeAdded, t0 + Duration::from_secs(2));
         assert_eq!(q.pop(), Some(key("a")));
         q.unschedulable(&key("a"), t0, BTreeSet::new());
         q.pod_updated(&key("a"));
@@ -399,7 +431,7 @@ mod tests {
         }
         q.unschedulable(&key("anti"), t0, BTreeSet::from(["InterPodAffinity"]));
         q.unschedulable(&key("gpu"), t0, BTreeSet::from(["DynamicResources"]));
-        q.pods_placed();
+        q.cluster_event(ClusterEvent::AssignedPodAdded, t0 + MAX_BACKOFF);
         assert_eq!(
             [q.pop(), q.pop()],
             [Some(key("anti")), None],
@@ -476,7 +508,7 @@ mod tests {
             [Some(key("b")), None],
             "only b's claim appeared"
         );
-        q.cluster_changed();
+        q.cluster_event(ClusterEvent::NodeAdded, t0);
         assert_eq!(
             [q.pop(), q.pop()],
             [Some(key("gang")), None],
@@ -494,6 +526,65 @@ mod tests {
         q.gate(&key("a"), t0, Wake::Claim(key("a-gpu")));
         q.remove(&key("a"));
         assert!(q.awaiting.is_empty(), "a removed pod waits for nothing");
+    }
+
+    #[test]
+    fn events_that_cannot_help_a_pod_short_of_devices_leave_it_waiting() {
+        let mut q = SchedulingQueue::default();
+        let t0 = Instant::now();
+        q.add(key("gpu"), 0);
+        q.pop();
+        q.unschedulable(&key("gpu"), t0, BTreeSet::from(["DynamicResources"]));
+        let later = t0 + Duration::from_secs(60);
+        for _ in 0..20 {
+            for unrelated in [
+                ClusterEvent::NamespaceLabelsChanged,
+                ClusterEvent::NodeTaintsChanged,
+                ClusterEvent::AssignedPodAdded,
+                ClusterEvent::PersistentVolumeClaimChanged,
+            ] {
+                q.cluster_event(unrelated, later);
+            }
+        }
+        assert_eq!(q.pop(), None, "not one extra attempt");
+        assert_eq!(q.lengths(), (0, 0, 1, 0));
+        q.cluster_event(ClusterEvent::ClaimFreed, later);
+        assert_eq!(q.pop(), Some(key("gpu")), "devices given back may fit it");
+    }
+
+    #[test]
+    fn a_pod_moved_back_by_an_event_still_waits_out_its_backoff() {
+        let mut q = SchedulingQueue::default();
+        let t0 = Instant::now();
+        q.add(key("a"), 0);
+        for _ in 0..3 {
+            q.pop();
+            q.backoff(&key("a"), t0);
+            q.flush_backoff(t0 + MAX_BACKOFF);
+        }
+        assert_eq!(q.pop(), Some(key("a")), "the fourth attempt");
+        q.unschedulable(&key("a"), t0, BTreeSet::from(["NodeResourcesFit"]));
+        q.cluster_event(ClusterEvent::NodeAdded, t0 + Duration::from_secs(1));
+        assert_eq!(q.pop(), None, "four attempts: 8 s of backoff from the last");
+        assert_eq!(q.lengths(), (0, 1, 0, 0));
+        q.flush_backoff(t0 + Duration::from_secs(7));
+        assert_eq!(q.pop(), None);
+        q.flush_backoff(t0 + Duration::from_secs(8));
+        assert_eq!(q.pop(), Some(key("a")));
+        q.unschedulable(&key("a"), t0, BTreeSet::from(["NodeResourcesFit"]));
+        q.cluster_event(ClusterEvent::NodeAdded, t0 + Duration::from_secs(60));
+        assert_eq!(q.pop(), Some(key("a")), "past its backoff: straight back");
+    }
+
+    #[test]
+    fn a_pod_rejected_by_no_named_plugin_is_moved_by_any_event() {
+        let mut q = SchedulingQueue::default();
+        let t0 = Instant::now();
+        q.add(key("slow"), 0);
+        q.pop();
+        q.unschedulable(&key("slow"), t0, BTreeSet::new());
+        q.cluster_event(ClusterEvent::NamespaceLabelsChanged, t0 + MAX_BACKOFF);
+        assert_eq!(q.pop(), Some(key("slow")));
     }
 
     #[test]

@@ -9,6 +9,7 @@ use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass, VolumeAtta
 use kube::Client;
 use kube::runtime::watcher::Event;
 
+use dra_engine::queueing_hints::ClusterEvent;
 use dra_engine::state::Volumes;
 use dra_engine::{Engine, ObjectKey, Placement};
 
@@ -193,32 +194,49 @@ fn take<K>(
     }
 }
 
-/// Apply a storage change; returns whether pods that wait should be tried again. The API
-/// server's copies replace what was assumed for bindings still in flight, so those are
-/// asserted again. Any change of the other kinds may help a pod that waits (a volume freed
-/// or created, a claim bound, a class or limit changed); of VolumeAttachments only one
-/// that goes away does (a node attaches fewer volumes), as kube-scheduler's NodeVolumeLimits
-/// registers only their deletion.
+/// Apply a storage change; returns the cluster event it amounts to, if any may help a pod
+/// that waits. The API server's copies replace what was assumed for bindings still in
+/// flight, so those are asserted again. Any change of the other kinds may help a pod that
+/// waits (a volume freed or created, a claim bound, a class or limit changed); of
+/// VolumeAttachments only one that goes away does (a node attaches fewer volumes), as
+/// kube-scheduler's NodeVolumeLimits registers only their deletion.
 pub(super) fn apply<'a>(
     engine: &mut Engine,
     informers: &mut Informers,
     in_flight: impl Iterator<Item = &'a Placement>,
     change: Change,
-) -> bool {
+) -> Option<ClusterEvent> {
     let volumes_changed = matches!(change, Change::Claim(_) | Change::Volume(_));
-    let attachments = matches!(change, Change::VolumeAttachment(_));
-    let removed = match change {
-        Change::Claim(e) => take(engine, informers, &CLAIMS, e),
-        Change::Volume(e) => take(engine, informers, &VOLUMES, e),
-        Change::Class(e) => take(engine, informers, &CLASSES, e),
-        Change::CsiNode(e) => take(engine, informers, &CSI_NODES, e),
-        Change::CsiDriver(e) => take(engine, informers, &CSI_DRIVERS, e),
-        Change::VolumeAttachment(e) => take(engine, informers, &VOLUME_ATTACHMENTS, e),
+    let event = match change {
+        Change::Claim(e) => {
+            take(engine, informers, &CLAIMS, e);
+            ClusterEvent::PersistentVolumeClaimChanged
+        }
+        Change::Volume(e) => {
+            take(engine, informers, &VOLUMES, e);
+            ClusterEvent::PersistentVolumeChanged
+        }
+        Change::Class(e) => {
+            take(engine, informers, &CLASSES, e);
+            ClusterEvent::StorageClassChanged
+        }
+        Change::CsiNode(e) => {
+            take(engine, informers, &CSI_NODES, e);
+            ClusterEvent::CsiNodeChanged
+        }
+        Change::CsiDriver(e) => {
+            take(engine, informers, &CSI_DRIVERS, e);
+            ClusterEvent::CsiDriverChanged
+        }
+        Change::VolumeAttachment(e) => {
+            let removed = take(engine, informers, &VOLUME_ATTACHMENTS, e);
+            return removed.then_some(ClusterEvent::VolumeAttachmentDeleted);
+        }
     };
     if volumes_changed {
         for placement in in_flight.filter(|p| !p.volumes.is_empty()) {
             engine.reassert(placement);
         }
     }
-    removed || !attachments
+    Some(event)
 }

@@ -104,8 +104,8 @@ fn take<K: kube::Resource>(
     }
 }
 
-/// Apply a change. It helps no waiting pod (see the module's docs): returns false.
-pub(super) fn apply(engine: &mut Engine, informers: &mut Informers, change: Change) -> bool {
+/// Apply a change. It helps no waiting pod (see the module's docs).
+pub(super) fn apply(engine: &mut Engine, informers: &mut Informers, change: Change) {
     let workloads = engine.workloads_mut();
     match change {
         Change::Service(e) => take(workloads, informers, &SERVICES, e),
@@ -113,7 +113,6 @@ pub(super) fn apply(engine: &mut Engine, informers: &mut Informers, change: Chan
         Change::ReplicaSet(e) => take(workloads, informers, &REPLICA_SETS, e),
         Change::StatefulSet(e) => take(workloads, informers, &STATEFUL_SETS, e),
     }
-    false
 }
 
 #[cfg(test)]

@@ -180,6 +180,20 @@ pub fn named_of_pod(
     Ok(keys)
 }
 
+/// Whether `pod` uses the claim `key` (by name, or as the claim made from one of its
+/// templates), whether or not the claim exists.
+pub fn uses_claim(pod: &Pod, key: &ObjectKey) -> bool {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    ns == key.namespace
+        && pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.resource_claims.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|pc| matches!(claim_name(pod, pc), Ok(Some(name)) if name == key.name))
+}
+
 /// The name of the claim a pod claim stands for; `None` when its template made none.
 fn claim_name(
     pod: &Pod,

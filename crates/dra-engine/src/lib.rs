@@ -54,6 +54,7 @@ pub mod node_allocatable;
 pub mod node_tree;
 pub mod plugins;
 pub mod preemption;
+pub mod queueing_hints;
 pub mod resources;
 pub mod state;
 
