@@ -36,6 +36,7 @@ use dra_engine::{ClaimDecision, ObjectKey, Placement, VolumeDecision, claims};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 
 use super::metrics::{Metrics, is_not_leader};
+use super::owners::{self, DeviceOwners};
 
 pub const FINALIZER: &str = "resource.kubernetes.io/delete-protection";
 const CONFLICT_RETRIES: usize = 5;
@@ -112,13 +113,14 @@ async fn patch_claim(
     }
 }
 
-/// Write one claim's part of the decision. Returns the claim as the API server stored it.
+/// Write one claim's part of the decision. Returns the claim as the API server stored it,
+/// and whether this write set its allocation.
 async fn write_claim(
     client: &Client,
     metrics: &Metrics,
     placement: &Placement,
     decision: &ClaimDecision,
-) -> Result<ResourceClaim, String> {
+) -> Result<(ResourceClaim, bool), String> {
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &decision.key.namespace);
     let name = &decision.key.name;
     // The claim as the informer had it when the decision was made saves a read: when this
@@ -212,18 +214,17 @@ async fn write_claim(
         if claims::reserve(&mut status, &me) {
             patch["status"]["reservedFor"] = json!(status.reserved_for);
         }
-        if let Some(allocation) = &decision.allocation
-            && current.is_none()
-        {
+        let allocates = decision.allocation.is_some() && current.is_none();
+        if let Some(allocation) = decision.allocation.as_ref().filter(|_| allocates) {
             let mut allocation = allocation.clone();
             stamp_allocation(&mut allocation, k8s_openapi::jiff::Timestamp::now());
             patch["status"]["allocation"] = json!(allocation);
         }
         if patch["status"].as_object().is_some_and(|o| o.is_empty()) {
-            return Ok(claim);
+            return Ok((claim, false));
         }
         match patch_claim(&api, metrics, &claim, true, patch).await {
-            Ok(stored) => return Ok(stored),
+            Ok(stored) => return Ok((stored, allocates)),
             Err(e) if is_conflict(&e) => continue,
             Err(e) => {
                 return Err(format!(
@@ -385,11 +386,12 @@ struct Written<'a> {
 pub async fn bind(
     client: &Client,
     metrics: &Metrics,
+    owners: &DeviceOwners,
     placement: &Placement,
 ) -> Result<Vec<ResourceClaim>, BindFailure> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &placement.pod.namespace);
     let mut written = Written::default();
-    let mut result = prebind(client, metrics, &pods, placement, &mut written).await;
+    let mut result = prebind(client, metrics, owners, &pods, placement, &mut written).await;
     if result.is_ok() {
         result = create_binding(&pods, metrics, placement).await;
     }
@@ -404,6 +406,7 @@ pub async fn bind(
 pub async fn bind_group(
     client: &Client,
     metrics: &Metrics,
+    owners: &DeviceOwners,
     placements: &[Placement],
 ) -> Vec<Result<Vec<ResourceClaim>, BindFailure>> {
     let api = |p: &Placement| -> Api<Pod> { Api::namespaced(client.clone(), &p.pod.namespace) };
@@ -411,7 +414,7 @@ pub async fn bind_group(
     let mut failed: Option<(usize, String)> = None;
     for (i, placement) in placements.iter().enumerate() {
         let mut w = Written::default();
-        let result = prebind(client, metrics, &api(placement), placement, &mut w).await;
+        let result = prebind(client, metrics, owners, &api(placement), placement, &mut w).await;
         written.push(w);
         if let Err(message) = result {
             failed = Some((i, message));
@@ -459,11 +462,14 @@ pub async fn bind_group(
 }
 
 /// The writes before the binding, in kube-scheduler's order: volumes (and the wait for the
-/// PV controller), the claims, the pod's extended-resource claim status. `written` records
-/// what may have landed.
+/// PV controller), the claims, the pod's extended-resource claim status. Once the claims'
+/// allocations have landed, another scheduler's earlier allocation of one of their devices
+/// fails the binding ([`DeviceOwners::first_writer`]). `written` records what may have
+/// landed.
 async fn prebind<'a>(
     client: &Client,
     metrics: &Metrics,
+    owners: &DeviceOwners,
     pods: &Api<Pod>,
     placement: &'a Placement,
     written: &mut Written<'a>,
@@ -475,12 +481,26 @@ async fn prebind<'a>(
     if !placement.volumes.is_empty() {
         wait_for_volumes(client, pods, placement, VOLUME_BIND_TIMEOUT).await?;
     }
+    let mut allocated = Vec::new();
     for decision in &placement.claims {
         written.claims.push(decision);
-        let mut stored = write_claim(client, metrics, placement, decision).await?;
+        let (mut stored, allocates) = write_claim(client, metrics, placement, decision).await?;
+        if allocates {
+            allocated.push(owners::Written::of(&stored));
+        }
         // The engine keeps it; like the informers' objects, without managedFields.
         super::drop_managed_fields(&mut stored);
         written.stored.push(stored);
+    }
+    if !allocated.is_empty()
+        && let Err(not_first) = owners
+            .first_writer(&allocated, owners::CATCH_UP_TIMEOUT)
+            .await
+    {
+        if matches!(not_first, owners::NotFirst::Earlier { .. }) {
+            metrics.first_writer_conflicts.inc();
+        }
+        return Err(not_first.to_string());
     }
     // kubelet learns from the pod's status which claim serves its extended resources and
     // which request serves each container; written before binding, as kube-scheduler does.

@@ -64,6 +64,12 @@ pub struct Metrics {
     /// Evictions of degraded pods for an upgrade, by result (`evicted`, `blocked` by a
     /// PodDisruptionBudget, `error`).
     pub upgrade_evictions: IntCounterVec,
+    /// Devices allocated to more than one claim now, as the claim informer shows them
+    /// (beside another scheduler without the chart's ownership mode; see `owners.rs`).
+    pub doubled_devices: IntGauge,
+    /// Allocations this scheduler wrote and undid because another scheduler had written
+    /// one of their devices first.
+    pub first_writer_conflicts: prometheus::IntCounter,
     /// `clientQPS`/`clientBurst`: every write waits for a token first.
     throttle: Option<super::throttle::Throttle>,
     /// Every write asks it first: a replica that may no longer lead writes nothing.
@@ -222,6 +228,16 @@ impl Metrics {
         for outcome in ["handed_off", "expired", "lost", "abandoned"] {
             handoff_waits.with_label_values(&[outcome]);
         }
+        let doubled_devices = IntGauge::new(
+            "doubled_devices",
+            "Devices allocated to more than one ResourceClaim now (admin access and shared capacity aside): another scheduler wrote its allocation after this one's",
+        )?;
+        let first_writer_conflicts = prometheus::IntCounter::new(
+            "first_writer_conflicts_total",
+            "Claim allocations written by this scheduler and undone because another scheduler had allocated one of their devices first",
+        )?;
+        registry.register(Box::new(doubled_devices.clone()))?;
+        registry.register(Box::new(first_writer_conflicts.clone()))?;
         registry.register(Box::new(handoff_waits.clone()))?;
         registry.register(Box::new(handoff_waiting.clone()))?;
         registry.register(Box::new(degraded_pods.clone()))?;
@@ -265,6 +281,8 @@ impl Metrics {
             handoff_waiting,
             degraded_pods,
             upgrade_evictions,
+            doubled_devices,
+            first_writer_conflicts,
             throttle: None,
             fence: Arc::new(super::leader::Fence::open()),
         })

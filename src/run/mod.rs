@@ -22,6 +22,7 @@ pub mod health;
 pub mod kube_config;
 pub mod leader;
 pub mod metrics;
+pub mod owners;
 mod preemption;
 pub mod queue;
 mod storage;
@@ -911,6 +912,9 @@ struct Daemon {
     done: mpsc::UnboundedSender<Done>,
     binds: Arc<Semaphore>,
     max_concurrent_binds: usize,
+    /// Who holds each device, from the claim informer: the binder's first-writer check
+    /// and the report of doubled devices.
+    owners: Arc<owners::DeviceOwners>,
 }
 
 /// The engine, which is here between attempts (the callers' guards check it).
@@ -969,6 +973,7 @@ impl Daemon {
             leading: false,
             binds: Arc::new(Semaphore::new(config.max_concurrent_binds.max(1))),
             max_concurrent_binds: config.max_concurrent_binds,
+            owners: Arc::default(),
             client,
             metrics,
             health,
@@ -1046,7 +1051,12 @@ impl Daemon {
     }
 
     /// A change from an informer: applied now, or once the engine is back from the worker.
+    /// Who holds which device is taken in at once, engine or not: a binding waits for it.
     fn on_change(&mut self, change: Change) {
+        if let Change::Claim(event) = &change {
+            let doubled = self.owners.observe(event);
+            self.tell_doubled(doubled);
+        }
         match self.engine.as_mut() {
             Some(engine) => apply(
                 engine,
@@ -1056,6 +1066,36 @@ impl Daemon {
                 change,
             ),
             None => self.deferred.push(change),
+        }
+    }
+
+    /// Devices that a new allocation made doubled: counted, and told on the pods of both
+    /// claims (by the leader, which may write), naming the device and the other claim.
+    fn tell_doubled(&self, doubled: Vec<owners::Doubled>) {
+        self.metrics
+            .doubled_devices
+            .set(self.owners.doubled_devices() as i64);
+        for d in doubled {
+            tracing::warn!(device = %d.device, first = %d.first.claim, second = %d.second.claim, "a device is allocated to two claims: the second was written by another scheduler after the first");
+            if !self.leading {
+                continue;
+            }
+            let tell = |holder: &owners::Holder, other: &owners::Holder, order: &str| {
+                for pod in &holder.pods {
+                    let note = format!(
+                        "device {} of ResourceClaim {} is also allocated to ResourceClaim {}, whose allocation was written {order} this one's: two pods may use the device at once",
+                        d.device, holder.claim, other.claim
+                    );
+                    self.user.note(
+                        ObjectKey::new(holder.claim.namespace.clone(), pod.clone()),
+                        None,
+                        (EventType::Warning, "DoubledDevice", "Allocating", note),
+                        None,
+                    );
+                }
+            };
+            tell(&d.first, &d.second, "after");
+            tell(&d.second, &d.first, "before");
         }
     }
 
