@@ -6,7 +6,7 @@
 //!
 //! helm is built from Go modules by `tests/chart/build-helm.sh` (once per machine).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -438,13 +438,21 @@ fn lint_and_render() {
     .collect();
     assert_eq!(agent_role, want_agent);
     // Its slice writes are limited to its own node (tests/least_privilege.rs shows it).
-    let policy = object(&docs, "ValidatingAdmissionPolicy", None);
+    let policy = object(
+        &docs,
+        "ValidatingAdmissionPolicy",
+        Some("dra-scheduler-node-agent-own-node-slices"),
+    );
     assert_eq!(
         policy["spec"]["matchConditions"][0]["expression"],
         format!("request.userInfo.username == \"system:serviceaccount:{NAMESPACE}:{agent_sa}\"")
     );
     assert_eq!(
-        object(&docs, "ValidatingAdmissionPolicyBinding", None)["spec"],
+        object(
+            &docs,
+            "ValidatingAdmissionPolicyBinding",
+            Some("dra-scheduler-node-agent-own-node-slices")
+        )["spec"],
         json!({"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]})
     );
     // NVIDIA's DeviceClasses: whole GPUs, also behind the device plugin's extended
@@ -459,6 +467,77 @@ fn lint_and_render() {
     assert_eq!(
         object(&docs, "DeviceClass", Some("mig.nvidia.com"))["spec"],
         json!({"selectors": [{"cel": {"expression": MIG_CLASS_SELECTOR}}]})
+    );
+}
+
+/// The ownership policy's expressions, by name (its variables and match conditions).
+fn ownership_expressions(docs: &[Value]) -> BTreeMap<String, String> {
+    let policy = object(
+        docs,
+        "ValidatingAdmissionPolicy",
+        Some("dra-scheduler-device-ownership"),
+    );
+    let spec = &policy["spec"];
+    spec["matchConditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(spec["variables"].as_array().unwrap())
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["expression"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn ownership_mode_is_on_by_default_for_the_agents_driver_and_only_the_scheduler_may_allocate() {
+    let docs = template(&[]);
+    let policy = object(
+        &docs,
+        "ValidatingAdmissionPolicy",
+        Some("dra-scheduler-device-ownership"),
+    );
+    let rules = &policy["spec"]["matchConstraints"]["resourceRules"][0];
+    assert_eq!(rules["resources"], json!(["resourceclaims/status"]));
+    assert_eq!(rules["operations"], json!(["UPDATE"]));
+    let exprs = ownership_expressions(&docs);
+    assert_eq!(
+        exprs["not-from-dra-scheduler"],
+        format!("request.userInfo.username != \"system:serviceaccount:{NAMESPACE}:dra-scheduler\"")
+    );
+    assert!(
+        exprs["owned"].contains(r#"r.driver in ["gpu.nvidia.com"]"#),
+        "{}",
+        exprs["owned"]
+    );
+    assert_eq!(
+        object(
+            &docs,
+            "ValidatingAdmissionPolicyBinding",
+            Some("dra-scheduler-device-ownership")
+        )["spec"]["validationActions"],
+        json!(["Deny"])
+    );
+    // What is owned is the operator's to say; the account follows serviceAccount.name.
+    let docs = template(&[
+        "ownership.drivers={gpu.nvidia.com,nic.example.com}",
+        "ownership.pools={gpu-node-7}",
+        "ownership.deviceClasses={mig.nvidia.com}",
+        "serviceAccount.name=placer",
+    ]);
+    let exprs = ownership_expressions(&docs);
+    assert!(exprs["owned"].contains(r#"r.driver in ["gpu.nvidia.com","nic.example.com"]"#));
+    assert!(exprs["owned"].contains(r#"r.pool in ["gpu-node-7"]"#));
+    assert!(exprs["ownedClass"].contains(r#"in ["mig.nvidia.com"]"#));
+    assert!(exprs["not-from-dra-scheduler"].contains(":placer\""));
+    let docs = template(&["ownership.enabled=false"]);
+    assert!(
+        docs.iter()
+            .all(|d| d["metadata"]["name"] != "dra-scheduler-device-ownership"),
+        "shared mode renders no ownership policy"
     );
 }
 
@@ -677,8 +756,15 @@ fn values_change_what_is_rendered() {
     let spec = |kind| object(&docs, kind, None)["spec"]["template"]["spec"].clone();
     assert!(spec("Deployment").get("priorityClassName").is_none());
     assert_eq!(spec("DaemonSet")["priorityClassName"], "gpu-critical");
-    assert!(!kinds(&docs).contains("ValidatingAdmissionPolicy"));
-    assert!(!kinds(&docs).contains("ValidatingAdmissionPolicyBinding"));
+    let policies: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ValidatingAdmissionPolicy")
+        .collect();
+    assert_eq!(policies.len(), 1, "the ownership policy alone");
+    assert_eq!(
+        policies[0]["metadata"]["name"],
+        "dra-scheduler-device-ownership"
+    );
 
     // Settings that would break the scheduler are refused at render time.
     let e = template_error(&["leaderElection.enabled=false"]);

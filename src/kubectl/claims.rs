@@ -1,6 +1,8 @@
 //! `kubectl dra claims`: each ResourceClaim, its state (pending: no devices yet;
 //! allocated: devices but nobody reserved them; reserved: in use by the pods or PodGroups it
-//! is reserved for), the devices, the node they are on and whom it is reserved for.
+//! is reserved for), the devices, the node they are on and whom it is reserved for. A device
+//! another claim holds too (two schedulers each allocated it; admin access and shared
+//! capacity aside) is marked with the other claims.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -34,6 +36,23 @@ pub struct AllocatedDevice {
     pub driver: String,
     pub pool: String,
     pub device: String,
+    /// Other claims (`namespace/name`) allocated this same device: a doubled device.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub also_allocated_to: Vec<String>,
+}
+
+/// The claims holding each device that no two claims may hold, in every namespace.
+fn holders(state: &ClusterState) -> BTreeMap<String, Vec<String>> {
+    let mut holders: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (key, claim) in &state.claims {
+        for device in crate::run::owners::exclusive_devices(claim) {
+            holders
+                .entry(device.to_string())
+                .or_default()
+                .push(key.to_string());
+        }
+    }
+    holders
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -61,6 +80,7 @@ pub fn claims(state: &ClusterState, inventory: &Inventory, namespace: Option<&st
         .iter()
         .filter_map(|d| Some((d.id(), d.node.as_deref()?)))
         .collect();
+    let holders = holders(state);
     let mut keys: Vec<_> = state
         .claims
         .keys()
@@ -74,11 +94,23 @@ pub fn claims(state: &ClusterState, inventory: &Inventory, namespace: Option<&st
             let devices: Vec<AllocatedDevice> = allocated
                 .iter()
                 .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
-                .map(|r| AllocatedDevice {
-                    request: r.request.clone(),
-                    driver: r.driver.clone(),
-                    pool: r.pool.clone(),
-                    device: r.device.clone(),
+                .map(|r| {
+                    let id = format!("{}/{}/{}", r.driver, r.pool, r.device);
+                    let me = key.to_string();
+                    let shared = r.admin_access == Some(true) || r.share_id.is_some();
+                    AllocatedDevice {
+                        request: r.request.clone(),
+                        driver: r.driver.clone(),
+                        pool: r.pool.clone(),
+                        device: r.device.clone(),
+                        also_allocated_to: holders
+                            .get(&id)
+                            .into_iter()
+                            .flatten()
+                            .filter(|other| !shared && **other != me)
+                            .cloned()
+                            .collect(),
+                    }
                 })
                 .collect();
             let mut nodes: BTreeSet<String> = devices
@@ -145,7 +177,15 @@ pub fn table(claims: &[Claim], all_namespaces: bool, wide: bool) -> String {
         let devices: Vec<String> = c
             .devices
             .iter()
-            .map(|d| format!("{}/{}", d.pool, d.device))
+            .map(|d| match &d.also_allocated_to[..] {
+                [] => format!("{}/{}", d.pool, d.device),
+                others => format!(
+                    "{}/{} (DOUBLED: also {})",
+                    d.pool,
+                    d.device,
+                    others.join(" ")
+                ),
+            })
             .collect();
         let reserved: Vec<String> = c.reserved_for.iter().map(Consumer::short).collect();
         let mut row = vec![
@@ -225,6 +265,38 @@ NAMESPACE   NAME          STATE      NODE   DEVICES    RESERVED FOR   REQUESTS  
 default     train-0-gpu   reserved   n1     n1/gpu-0   train-0        gpu=gpu.example.com/n1/gpu-0   <none>
 "
         );
+    }
+
+    #[test]
+    fn a_device_two_claims_hold_is_marked_on_both() {
+        let engine = cluster(vec![
+            node("n1"),
+            gpu_class(),
+            slice("n1", vec![gpu("gpu-0", "RTX A5000", 0, "24Gi")]),
+            allocated(
+                claim("ours", one_gpu(&[])),
+                "n1",
+                &[("gpu", "gpu-0")],
+                Some("a"),
+            ),
+            allocated(
+                claim("theirs", one_gpu(&[])),
+                "n1",
+                &[("gpu", "gpu-0")],
+                Some("b"),
+            ),
+        ]);
+        let inventory = Inventory::of(engine.state());
+        let rows = claims(engine.state(), &inventory, Some("default"));
+        assert_eq!(
+            table(&rows, false, false),
+            "\
+NAME     STATE      NODE   DEVICES                                   RESERVED FOR
+ours     reserved   n1     n1/gpu-0 (DOUBLED: also default/theirs)   a
+theirs   reserved   n1     n1/gpu-0 (DOUBLED: also default/ours)     b
+"
+        );
+        assert_eq!(rows[0].devices[0].also_allocated_to, ["default/theirs"]);
     }
 
     #[test]
