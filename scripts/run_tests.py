@@ -25,6 +25,8 @@ EXPECTED = {
     "reference_scheduler": 189,
     "resilience": 105,
     "daemon": 75,
+    "neighbours": 80,
+    "fence": 37,
     "gang_reference": 63,
     "preemption": 61,
     "scheduler_conformance": 46,

@@ -218,6 +218,106 @@ async fn memory_selector_leaves_a_readable_condition() {
     );
 }
 
+/// Attempts that ended unschedulable, from the scheduler's metrics.
+async fn unschedulable_attempts(daemon: &Daemon) -> f64 {
+    let text = scrape(&daemon.metrics).await.unwrap_or_default();
+    metric(
+        &text,
+        "dra_scheduler_scheduling_attempt_duration_seconds_count{result=\"unschedulable\"}",
+    )
+}
+
+/// kube-scheduler's queueing hints: a pod that no device fits is tried again only when
+/// something changes that may give it one. 20 PodDisruptionBudget label patches, 20
+/// namespace label patches, 20 new claims of other pods and 10 node taint changes give it
+/// no attempt; the A5000 given back does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrelated_events_give_an_infeasible_pod_no_extra_attempts() {
+    let cluster = TestCluster::dedicated();
+    let daemon = start_scheduler(&cluster);
+    apply(&cluster, &["examples/memory-selector"]);
+    let client = cluster.client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pending = eventually(
+        "one trainer bound, one told it is unschedulable",
+        120,
+        || async {
+            let list = pods.list(&ListParams::default()).await.ok()?.items;
+            let pending = list.iter().find(|p| node_of(p).is_none())?;
+            let name = pending.metadata.name.clone()?;
+            let told = events_about(&client, &name).await;
+            told.iter()
+                .any(|e| e.starts_with("FailedScheduling"))
+                .then_some(name)
+        },
+    )
+    .await;
+    // Whatever the start's own events caused has settled (past the longest backoff).
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let before = unschedulable_attempts(&daemon).await;
+
+    kubectl_ok(&cluster, &["create", "namespace", "elsewhere"]);
+    for i in 0..20 {
+        let pdb = format!("budget-{i}");
+        kubectl_ok(
+            &cluster,
+            &[
+                "create",
+                "pdb",
+                &pdb,
+                "--selector=app=other",
+                "--min-available=1",
+            ],
+        );
+        kubectl_ok(&cluster, &["label", "pdb", &pdb, &format!("round={i}")]);
+        kubectl_ok(
+            &cluster,
+            &[
+                "label",
+                "namespace",
+                "default",
+                &format!("round={i}"),
+                "--overwrite",
+            ],
+        );
+        let claim = format!(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: other-{i}, namespace: elsewhere}}\n\
+             spec: {{devices: {{requests: [{{name: gpu, exactly: {{deviceClassName: gpu.nvidia.com}}}}]}}}}\n"
+        );
+        common::kubectl_apply_text(&cluster, &format!("other-{i}"), claim.as_bytes());
+    }
+    for i in 0..10 {
+        let taint = format!("example.com/round=r{i}:PreferNoSchedule");
+        kubectl_ok(&cluster, &["taint", "node", "gpu-node-1", &taint]);
+        kubectl_ok(
+            &cluster,
+            &["taint", "node", "gpu-node-1", &format!("{taint}-")],
+        );
+    }
+    // Past the longest backoff, so that an attempt the events had moved would have run.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let after = unschedulable_attempts(&daemon).await;
+    assert_eq!(
+        after,
+        before,
+        "{pending}: unrelated events gave it {} more attempts",
+        after - before
+    );
+
+    // A second node with an A5000: that may fit it, and does.
+    let node_2 = "apiVersion: v1\nkind: Node\nmetadata: {name: gpu-node-2, labels: {kubernetes.io/hostname: gpu-node-2}}\n\
+        status: {allocatable: {cpu: '32', memory: 128Gi, pods: '110'}}\n---\n\
+        apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: gpu-node-2-gpu.nvidia.com}\n\
+        spec: {driver: gpu.nvidia.com, nodeName: gpu-node-2, pool: {name: gpu-node-2, generation: 1, resourceSliceCount: 1},\n\
+        devices: [{name: gpu-0, attributes: {type: {string: gpu}}, capacity: {memory: {value: 24Gi}}}]}\n";
+    common::kubectl_apply_text(&cluster, "gpu-node-2", node_2.as_bytes());
+    eventually(&format!("{pending} bound on the new node"), 60, || async {
+        let pod = pods.get(&pending).await.ok()?;
+        (node_of(&pod) == Some("gpu-node-2")).then_some(())
+    })
+    .await;
+}
+
 /// What an operator reads: each decision is one JSON log line (pod, node, claims, devices,
 /// how long it took), every line one object with one `message`; `/metrics` passes
 /// Prometheus' linter with every family the README lists.
