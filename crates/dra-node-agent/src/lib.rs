@@ -40,6 +40,7 @@ pub mod device;
 pub mod health;
 pub mod metrics;
 pub mod mps;
+pub mod owners;
 pub mod plugin;
 pub mod prepare;
 pub mod publisher;
