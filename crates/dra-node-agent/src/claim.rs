@@ -497,14 +497,9 @@ pub(crate) mod tests {
         c
     }
 
-    pub(crate) fn with_config(
-        mut c: ResourceClaim,
-        source: &str,
-        requests: &[&str],
-        params: serde_json::Value,
-    ) -> ResourceClaim {
-        let d = c
-            .status
+    /// The devices of the claim's allocation.
+    pub(crate) fn allocated_devices(c: &mut ResourceClaim) -> &mut DeviceAllocationResult {
+        c.status
             .as_mut()
             .unwrap()
             .allocation
@@ -512,8 +507,17 @@ pub(crate) mod tests {
             .unwrap()
             .devices
             .as_mut()
-            .unwrap();
-        d.config
+            .unwrap()
+    }
+
+    pub(crate) fn with_config(
+        mut c: ResourceClaim,
+        source: &str,
+        requests: &[&str],
+        params: serde_json::Value,
+    ) -> ResourceClaim {
+        allocated_devices(&mut c)
+            .config
             .get_or_insert_with(Vec::new)
             .push(DeviceAllocationConfiguration {
                 source: source.into(),

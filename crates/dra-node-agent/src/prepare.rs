@@ -476,7 +476,9 @@ impl Preparer {
 mod tests {
     use super::*;
     use crate::backend::fake::{FakeBackend, Profile};
-    use crate::claim::tests::{NOPE, U1, U2, U3, U4, U5, claim, gpus, with_config};
+    use crate::claim::tests::{
+        NOPE, U1, U2, U3, U4, U5, allocated_devices, claim, gpus, with_config,
+    };
     use crate::config::{SharingStrategy, TimeSliceInterval};
     use serde_json::json;
 
@@ -531,6 +533,16 @@ mod tests {
                 .lock()
                 .unwrap()
                 .insert(("ns".into(), name.into()), c);
+        }
+        /// Marks `uid`'s checkpoint entry `PrepareStarted`, as a crash in the middle of its
+        /// prepare leaves it (no preparer may be open).
+        fn crashed_while_preparing(&self, uid: &str) {
+            let path = self.cfg("b1").checkpoint_path;
+            let Loaded::Valid(mut data) = checkpoint::load(&path, "b1") else {
+                panic!("a valid checkpoint")
+            };
+            data.claims.get_mut(uid).unwrap().state = ClaimState::PrepareStarted;
+            checkpoint::store(&path, "b1", &data).unwrap();
         }
         fn spec_files(&self) -> Vec<String> {
             cdi::list_spec_claims(&self.dir.path().join("cdi"), "k8s.gpu.nvidia.com/claim").unwrap()
@@ -627,15 +639,7 @@ mod tests {
         mut c: ResourceClaim,
         f: impl FnOnce(&mut k8s_openapi::api::resource::v1::DeviceRequestAllocationResult),
     ) -> ResourceClaim {
-        let status = c.status.as_mut().unwrap();
-        let devices = status
-            .allocation
-            .as_mut()
-            .unwrap()
-            .devices
-            .as_mut()
-            .unwrap();
-        f(&mut devices.results.as_mut().unwrap()[0]);
+        f(&mut allocated_devices(&mut c).results.as_mut().unwrap()[0]);
         c
     }
 
@@ -691,12 +695,7 @@ mod tests {
             assert!(p.prepare(&[r(U1, "a")]).await[U1].is_ok());
         }
         // The agent crashed while preparing a: its entry says PrepareStarted.
-        let path = rig.cfg("b1").checkpoint_path;
-        let Loaded::Valid(mut data) = checkpoint::load(&path, "b1") else {
-            panic!("a valid checkpoint")
-        };
-        data.claims.get_mut(U1).unwrap().state = ClaimState::PrepareStarted;
-        checkpoint::store(&path, "b1", &data).unwrap();
+        rig.crashed_while_preparing(U1);
         let (p, _) = rig.open("b1");
         assert_eq!(
             p.prepare(&[r(U2, "b")]).await[U2].as_ref().unwrap_err(),
@@ -830,13 +829,8 @@ mod tests {
         assert_eq!(p.prepare(&[r(U1, "a")]).await, first);
         assert_eq!(p.prepare(&[r(U1, "a"), r(U1, "a")]).await, first);
         // A crash in the middle of a's prepare left its own entry: redone, not refused.
-        let path = rig.cfg("b1").checkpoint_path;
         drop(p);
-        let Loaded::Valid(mut data) = checkpoint::load(&path, "b1") else {
-            panic!("a valid checkpoint")
-        };
-        data.claims.get_mut(U1).unwrap().state = ClaimState::PrepareStarted;
-        checkpoint::store(&path, "b1", &data).unwrap();
+        rig.crashed_while_preparing(U1);
         let (p, _) = rig.open("b1");
         assert_eq!(p.prepare(&[r(U1, "a")]).await, first);
     }
