@@ -10,6 +10,10 @@
 //!   T10") placed by the in-cluster scheduler, prepared by kubelet through the agent (CDI spec,
 //!   checkpoint entry), its container's log showing the injected environment and device
 //!   nodes; deleting the pod unprepares it, the claim goes, the next pod gets the device;
+//! - one owner per device (issue 47): two claims whose allocations both name the A5000
+//!   (written as the scheduler's ServiceAccount), for two pods bound to the node: the agent
+//!   prepares the first and refuses the second, kubelet reports the refusal (naming the
+//!   first claim) on the second pod and retries, and prepares it once the first pod is gone;
 //! - faults, each followed by a check that no claim, device, CDI spec or checkpoint entry is
 //!   lost or doubled: kubelet SIGKILLed and restarted while pods run, the agent pod killed,
 //!   the scheduler leader pod killed, containerd restarted;
@@ -276,6 +280,36 @@ impl Kube<'_> {
             .as_array()
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// Merge-patches the status of ResourceClaim `namespace/name` as `user` (impersonated)
+    /// with one PATCH, as a scheduler writes an allocation (`kubectl patch` would read the
+    /// status first, which a scheduler's role need not allow); the claim as written.
+    fn patch_claim_status_as(
+        &self,
+        user: &str,
+        namespace: &str,
+        name: &str,
+        patch: &Value,
+    ) -> Value {
+        use k8s_openapi::api::resource::v1::ResourceClaim;
+        use kube::api::{Api, Patch, PatchParams};
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let claim = runtime.block_on(async {
+            let mut config = self.cluster.config().await;
+            config.auth_info.impersonate = Some(user.to_string());
+            let claims: Api<ResourceClaim> =
+                Api::namespaced(kube::Client::try_from(config).unwrap(), namespace);
+            claims
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+        });
+        let claim = claim
+            .unwrap_or_else(|e| panic!("patch the status of {namespace}/{name} as {user}: {e}"));
+        serde_json::to_value(claim).unwrap()
     }
 
     fn apply(&self, manifest: &str) {
@@ -801,7 +835,18 @@ fn registered(kube: &Kube<'_>, dir: &Path, agent: &str) -> String {
     }
 }
 
+/// The user container's command: it prints the devices it got (environment, device
+/// nodes), then sleeps. As a YAML flow sequence.
+fn print_devices_command() -> String {
+    let script = "env | grep -E '^(DRA_|NVIDIA_|CUDA_)' | sort | sed 's/^/env: /'\n\
+                  ls -l /dev/nvidia* | sed 's/^/dev: /'\n\
+                  echo end of devices\n\
+                  exec sleep 100000\n";
+    serde_json::json!(["sh", "-c", script]).to_string()
+}
+
 fn workload() -> String {
+    let command = print_devices_command();
     format!(
         r#"apiVersion: v1
 kind: Namespace
@@ -852,20 +897,214 @@ spec:
       - name: server
         image: {BUSYBOX_IMAGE}
         imagePullPolicy: Never
-        command:
-        - sh
-        - -c
-        - |
-          env | grep -E '^(DRA_|NVIDIA_|CUDA_)' | sort | sed 's/^/env: /'
-          ls -l /dev/nvidia* | sed 's/^/dev: /'
-          echo end of devices
-          exec sleep 100000
+        command: {command}
         resources:
           requests: {{cpu: 10m, memory: 16Mi}}
           claims:
           - name: gpu
 "#
     )
+}
+
+/// Where the doubled-prepare step puts its claims and pods, apart from the Deployment's.
+const ONE_OWNER_NS: &str = "one-owner";
+/// Who writes allocations: the chart's scheduler ServiceAccount (a cluster may admit
+/// allocations of the driver from it alone).
+const SCHEDULER_SA: &str = "system:serviceaccount:kube-system:dra-scheduler";
+
+/// A claim for one GPU and a pod that uses it, bound to the node directly (no scheduler),
+/// with the busybox container of the Deployment that prints its devices.
+fn claim_and_pod(name: &str) -> String {
+    let command = print_devices_command();
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: {name}
+  namespace: {ONE_OWNER_NS}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: {DRIVER}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: {ONE_OWNER_NS}
+spec:
+  nodeName: {NODE_NAME}
+  terminationGracePeriodSeconds: 1
+  resourceClaims:
+  - name: gpu
+    resourceClaimName: {name}
+  containers:
+  - name: server
+    image: {BUSYBOX_IMAGE}
+    imagePullPolicy: Never
+    command: {command}
+    resources:
+      claims:
+      - name: gpu
+"#
+    )
+}
+
+/// Issue 47 (one owner per device), through the real kubelet: two claims whose allocations
+/// both name `device` of the node, as two schedulers racing could write them, reserved for
+/// two pods bound to the node. The agent prepares the first and refuses the second, naming
+/// the first; kubelet reports that on the second pod and retries; once the first pod is
+/// deleted (kubelet unprepares its claim), a retry prepares the second, which runs with the
+/// device. Both pods and claims are removed after.
+fn one_owner_per_device(e2e: &E2e<'_>, device: &str, uuid: &str) {
+    let kube = &e2e.kube;
+    kube.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ONE_OWNER_NS}\n"
+    ));
+    // The claim allocated `device` and reserved for its pod, written as the scheduler's
+    // ServiceAccount (impersonated) writes it; the claim's UID.
+    let allocate = |name: &str| -> String {
+        kube.apply(&claim_and_pod(name));
+        let pod = kube.json(&["-n", ONE_OWNER_NS, "get", "pod", name]);
+        let status = serde_json::json!({"status": {
+            "allocation": {
+                "devices": {"results": [
+                    {"request": "gpu", "driver": DRIVER, "pool": NODE_NAME, "device": device},
+                ]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [NODE_NAME]},
+                ]}]},
+            },
+            "reservedFor": [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}],
+        }});
+        let claim = kube.patch_claim_status_as(SCHEDULER_SA, ONE_OWNER_NS, name, &status);
+        claim["metadata"]["uid"].as_str().unwrap().to_string()
+    };
+    let phase = |pod: &str| -> String {
+        kube.json(&["-n", ONE_OWNER_NS, "get", "pod", pod])["status"]["phase"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let prepared = |uid: &str| -> Option<()> {
+        let (state, devices) = e2e.checkpoint().get(uid)?.clone();
+        (state == "Prepared" && e2e.cdi_specs().contains_key(uid)).then(|| {
+            assert_eq!(devices, [device], "claim {uid}");
+        })
+    };
+    let log = |pod: &str| -> String {
+        wait(&format!("the log of {pod}"), 60, || {
+            let log = kube.try_run(&["-n", ONE_OWNER_NS, "logs", pod]).ok()?;
+            log.contains("end of devices").then_some(log)
+        })
+    };
+
+    let first = allocate("first");
+    wait("pod first Running, its claim prepared", 120, || {
+        (phase("first") == "Running").then_some(())?;
+        prepared(&first)
+    });
+    assert!(log("first").contains(&format!("_UUID={uuid}")));
+
+    let second = allocate("second");
+    let refused = wait("kubelet's event: the second claim refused", 120, || {
+        assert_ne!(
+            phase("second"),
+            "Running",
+            "pod second runs with {device} while pod first has it"
+        );
+        kube.items(&[
+            "-n",
+            ONE_OWNER_NS,
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=second,type=Warning",
+        ])
+        .into_iter()
+        .find(|e| e["message"].as_str().is_some_and(|m| m.contains(&first)))
+    });
+    let message = refused["message"].as_str().unwrap();
+    println!(
+        "one owner per device: pod second refused by kubelet ({}): {message}",
+        refused["reason"]
+    );
+    assert_eq!(refused["reason"], "FailedPrepareDynamicResources");
+    assert!(
+        message.contains(&format!(
+            "device {NODE_NAME}/{device} is already prepared for claim {ONE_OWNER_NS}/first (UID {first})"
+        )),
+        "{message}"
+    );
+    assert!(
+        message.contains(
+            "kubelet retries the prepare, which succeeds once one-owner/first is unprepared"
+        ),
+        "{message}"
+    );
+    // Still refused on kubelet's retries: the second pod does not run, nothing is prepared
+    // for its claim, and the first keeps the device.
+    std::thread::sleep(Duration::from_secs(15));
+    assert_ne!(phase("second"), "Running");
+    assert!(!e2e.checkpoint().contains_key(&second));
+    assert!(!e2e.cdi_specs().contains_key(&second));
+    assert_eq!(phase("first"), "Running");
+
+    // The first pod deleted: kubelet unprepares its claim, and its next retry prepares the
+    // second.
+    let deleted = Instant::now();
+    kube.run(&["-n", ONE_OWNER_NS, "delete", "pod", "first", "--wait=true"]);
+    wait("the first claim unprepared", 60, || {
+        (!e2e.checkpoint().contains_key(&first) && !e2e.cdi_specs().contains_key(&first))
+            .then_some(())
+    });
+    // kubelet backs off between retries of a pod whose prepare failed: a run saw the
+    // second pod Running 71 s after the first was deleted.
+    wait("pod second Running, its claim prepared", 180, || {
+        (phase("second") == "Running").then_some(())?;
+        prepared(&second)
+    });
+    let log = log("second");
+    assert!(log.contains(&format!("_UUID={uuid}")), "{log}");
+    // The agent's word on each of kubelet's calls for the second claim: refused until
+    // the first was unprepared, then prepared.
+    let agent = e2e.agent_pod().expect("the agent pod");
+    let calls: Vec<String> = kube
+        .run(&["-n", "kube-system", "logs", &name(&agent)])
+        .lines()
+        .filter(|l| l.contains(&second) && (l.contains("prepare failed") || l.contains("prepared")))
+        .map(String::from)
+        .collect();
+    let refusals = calls
+        .iter()
+        .filter(|l| l.contains("prepare failed"))
+        .count();
+    assert!(
+        refusals >= 1 && calls.last().is_some_and(|l| !l.contains("prepare failed")),
+        "{calls:#?}"
+    );
+    println!(
+        "one owner per device: pod first deleted, pod second Running {:?} later with {device} \
+         (checkpoint Prepared, CDI spec written); the agent refused it {refusals} times, then \
+         prepared it:\n{}\n{log}",
+        deleted.elapsed(),
+        calls.join("\n")
+    );
+
+    kube.run(&[
+        "-n",
+        ONE_OWNER_NS,
+        "delete",
+        "pod,resourceclaim",
+        "--all",
+        "--wait=true",
+    ]);
+    wait("the second claim unprepared", 60, || {
+        (!e2e.checkpoint().contains_key(&second) && !e2e.cdi_specs().contains_key(&second))
+            .then_some(())
+    });
 }
 
 /// One node at a time on a machine (kubelet's device plugin socket is fixed).
@@ -1082,6 +1321,12 @@ fn end_to_end(full: bool) {
         "pod {} deleted: CDI spec and checkpoint entry of claim {} gone, claim deleted",
         p1.pod, p1.claim
     );
+    step("prepare, unprepare");
+
+    // The node's devices are free: two claims given the A5000 both, bound to the node.
+    one_owner_per_device(&e2e, &p1.device, A5000_UUID);
+    step("one owner per device");
+
     e2e.scale(1);
     let second = e2e.settled("second pod prepared", 1);
     let p2 = second.placed[0].clone();
@@ -1090,7 +1335,7 @@ fn end_to_end(full: bool) {
     let log = e2e.log(&p2.pod);
     assert!(log.contains(A5000_UUID), "{log}");
     println!("second pod {} got {} again:\n{log}", p2.pod, p2.device);
-    step("prepare, unprepare, second pod");
+    step("second pod");
 
     // Fault 1: kubelet SIGKILLed and restarted while the pod runs.
     let listens = |_: ()| {

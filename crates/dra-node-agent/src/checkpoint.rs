@@ -160,6 +160,8 @@ mod tests {
                     device_name: "gpu-0".into(),
                     cdi_device_ids: vec!["k=u1-gpu-0".into()],
                     share_id: None,
+                    admin_access: false,
+                    consumed_capacity: Default::default(),
                 }],
                 mig: vec![],
                 sharing: vec![],
@@ -177,6 +179,60 @@ mod tests {
         store(&p, "b1", &data()).unwrap();
         assert_eq!(load(&p, "b1"), Loaded::Valid(data()));
         assert!(!dir.path().join("checkpoint.tmp").exists());
+    }
+
+    /// `data()` as the agent stored it before prepared devices recorded admin access and
+    /// consumed capacity (commit eea6c9a).
+    const BEFORE_OWNERS: &str = r#"{
+  "version": 1,
+  "bootId": "b1",
+  "checksum": "7cc57063b820bca61629b9014a4af1553603095356fd9dea2317b484cb17ca2b",
+  "data": {
+    "claims": {
+      "u1": {
+        "namespace": "ns",
+        "name": "c",
+        "state": "Prepared",
+        "devices": [
+          {
+            "requestNames": [
+              "gpu"
+            ],
+            "poolName": "n",
+            "deviceName": "gpu-0",
+            "cdiDeviceIds": [
+              "k=u1-gpu-0"
+            ]
+          }
+        ],
+        "sharing": [],
+        "spec": null
+      }
+    }
+  }
+}"#;
+
+    #[test]
+    fn a_checkpoint_written_before_admin_access_was_recorded_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("checkpoint.json");
+        std::fs::write(&p, BEFORE_OWNERS).unwrap();
+        // Its checksum still matches: a default is not written, so the content hashes as
+        // it did.
+        assert_eq!(load(&p, "b1"), Loaded::Valid(data()));
+    }
+
+    #[test]
+    fn admin_access_and_consumed_capacity_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("checkpoint.json");
+        let mut d = data();
+        let device = &mut d.claims.get_mut("u1").unwrap().devices[0];
+        device.admin_access = true;
+        device.share_id = Some("s1".into());
+        device.consumed_capacity = [("memory".to_string(), "10Gi".to_string())].into();
+        store(&p, "b1", &d).unwrap();
+        assert_eq!(load(&p, "b1"), Loaded::Valid(d));
     }
 
     #[test]

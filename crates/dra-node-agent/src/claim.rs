@@ -63,6 +63,15 @@ pub struct PreparedDevice {
     pub cdi_device_ids: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share_id: Option<String>,
+    /// The allocation has admin access, and so shares the device with any other
+    /// ([`crate::owners`]). Not sent to kubelet; defaults keep older checkpoints loading
+    /// (and their checksums matching: a default is not written).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin_access: bool,
+    /// What the allocation consumes of the device's capacities, as written in the claim
+    /// (devices that allow multiple allocations; [`crate::owners`]). Not sent to kubelet.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub consumed_capacity: BTreeMap<String, String>,
 }
 
 /// Sharing to apply to one physical GPU.
@@ -284,6 +293,13 @@ pub fn plan_claim(
             device_name: r.device.clone(),
             cdi_device_ids: vec![cdi::device_id(&kind, &want.uid, &r.device)],
             share_id: r.share_id.clone(),
+            admin_access: r.admin_access == Some(true),
+            consumed_capacity: r
+                .consumed_capacity
+                .iter()
+                .flatten()
+                .map(|(name, q)| (name.clone(), q.0.clone()))
+                .collect(),
         });
     }
     // One daemon per claim, on all of its MPS GPUs, with the config of the first; every MPS
@@ -481,14 +497,9 @@ pub(crate) mod tests {
         c
     }
 
-    pub(crate) fn with_config(
-        mut c: ResourceClaim,
-        source: &str,
-        requests: &[&str],
-        params: serde_json::Value,
-    ) -> ResourceClaim {
-        let d = c
-            .status
+    /// The devices of the claim's allocation.
+    pub(crate) fn allocated_devices(c: &mut ResourceClaim) -> &mut DeviceAllocationResult {
+        c.status
             .as_mut()
             .unwrap()
             .allocation
@@ -496,8 +507,17 @@ pub(crate) mod tests {
             .unwrap()
             .devices
             .as_mut()
-            .unwrap();
-        d.config
+            .unwrap()
+    }
+
+    pub(crate) fn with_config(
+        mut c: ResourceClaim,
+        source: &str,
+        requests: &[&str],
+        params: serde_json::Value,
+    ) -> ResourceClaim {
+        allocated_devices(&mut c)
+            .config
             .get_or_insert_with(Vec::new)
             .push(DeviceAllocationConfiguration {
                 source: source.into(),
@@ -544,6 +564,8 @@ pub(crate) mod tests {
                 device_name: "gpu-3".into(),
                 cdi_device_ids: vec![format!("k8s.gpu.nvidia.com/claim={U1}-gpu-3")],
                 share_id: None,
+                admin_access: false,
+                consumed_capacity: Default::default(),
             }
         );
         let spec = plan.spec.unwrap();

@@ -14,7 +14,8 @@
 //!   spec, sharing from the strict [`config::GpuConfig`], the claim's [`mps::MpsSettings`]).
 //!   Pure. What kubelet and the claim provide is checked before it reaches a path or a
 //!   process ([`validate`], [`quantity`]).
-//!   [`prepare::Preparer`] carries plans out and keeps the [`checkpoint`].
+//!   [`prepare::Preparer`] carries plans out and keeps the [`checkpoint`]; it refuses a
+//!   device that another live claim holds, as [`owners`] decides (pure).
 //! - [`plugin`] serves kubelet's registration and `DRAPlugin` (v1 and v1beta1) gRPC services
 //!   on Unix sockets (registration through the small HTTP/2 server of
 //!   [`registration_server`], since kubelet sends a path as `:authority` there);
@@ -40,6 +41,7 @@ pub mod device;
 pub mod health;
 pub mod metrics;
 pub mod mps;
+pub mod owners;
 pub mod plugin;
 pub mod prepare;
 pub mod publisher;

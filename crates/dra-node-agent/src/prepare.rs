@@ -1,13 +1,16 @@
 //! The stateful side of NodePrepareResources / NodeUnprepareResources: reads claims, runs
-//! the pure plan from [`crate::claim`], applies sharing, writes CDI specs, and records every
-//! step in the checkpoint so a restart in the middle continues correctly.
+//! the pure plan from [`crate::claim`], refuses a device that another live claim holds
+//! ([`crate::owners`]), applies sharing, writes CDI specs, and records every step in the
+//! checkpoint so a restart in the middle continues correctly.
 
 use crate::backend::GpuBackend;
 use crate::cdi;
 use crate::checkpoint::{self, CheckpointData, ClaimEntry, ClaimState, Loaded};
 use crate::claim::{ClaimRef, PlanContext, PreparedDevice, plan_claim};
 use crate::device::Gpu;
+use crate::health::HealthState;
 use crate::metrics::Metrics;
+use crate::owners::{self, Holder};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -23,20 +26,26 @@ pub enum ClaimSource {
 
 impl ClaimSource {
     async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+        self.get_opt(namespace, name)
+            .await?
+            .ok_or_else(|| format!("reading claim {namespace}/{name}: not found"))
+    }
+
+    /// The claim, or `None` when the API server has none of this name.
+    async fn get_opt(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
         match self {
             ClaimSource::Api(client) => {
                 let api: kube::Api<ResourceClaim> =
                     kube::Api::namespaced(client.clone(), namespace);
-                api.get(name)
+                api.get_opt(name)
                     .await
                     .map_err(|e| format!("reading claim {namespace}/{name}: {e}"))
             }
-            ClaimSource::Static(map) => map
+            ClaimSource::Static(map) => Ok(map
                 .lock()
                 .unwrap()
                 .get(&(namespace.to_string(), name.to_string()))
-                .cloned()
-                .ok_or_else(|| format!("reading claim {namespace}/{name}: not found")),
+                .cloned()),
         }
     }
 }
@@ -216,6 +225,8 @@ impl Preparer {
                 mps_dir: &mps_dir,
             },
         )?;
+        self.refuse_held_devices(state, c, &plan.devices, &gpus)
+            .await?;
         // A crash between creating partitions and finishing left them recorded: destroy
         // them before starting over, so none leaks.
         if let Some(entry) = state.claims.get(&c.uid).cloned() {
@@ -313,6 +324,76 @@ impl Preparer {
         Ok(plan.devices)
     }
 
+    /// Refuses `c` while a live claim, one the API server still has under the UID the
+    /// checkpoint records, holds one of its `devices` and the two may not share it
+    /// ([`crate::owners`]). An entry whose claim is gone or was recreated holds nothing: its
+    /// pod is gone, and kubelet unprepares it in time. Nothing is written before this.
+    async fn refuse_held_devices(
+        &self,
+        state: &CheckpointData,
+        c: &ClaimRef,
+        devices: &[PreparedDevice],
+        gpus: &[Gpu],
+    ) -> Result<(), String> {
+        let published = crate::slices::devices(gpus, &HealthState::default());
+        let mut live: Vec<Holder> = Vec::new();
+        let mut known: BTreeMap<String, bool> = BTreeMap::new();
+        for holder in owners::holders(state, &c.uid, devices, &published) {
+            let is_live = match known.get(&holder.uid) {
+                Some(is_live) => *is_live,
+                None => {
+                    let is_live = self.is_live(c, &holder).await?;
+                    known.insert(holder.uid.clone(), is_live);
+                    is_live
+                }
+            };
+            if is_live {
+                live.push(holder);
+            }
+        }
+        if live.is_empty() {
+            Ok(())
+        } else {
+            Err(owners::refusal(c, &live))
+        }
+    }
+
+    /// Whether the API server still has `holder`'s claim under the UID the checkpoint
+    /// records. When it cannot say, `c` is refused: kubelet retries.
+    async fn is_live(&self, c: &ClaimRef, holder: &Holder) -> Result<bool, String> {
+        let found = self
+            .claims
+            .get_opt(&holder.namespace, &holder.name)
+            .await
+            .map_err(|e| {
+                format!(
+                    "claim {}/{}: device {}/{} is already prepared for claim {}/{} (UID {}), and \
+                     whether that claim still exists is unknown ({e}); kubelet retries the prepare",
+                    c.namespace,
+                    c.name,
+                    holder.pool,
+                    holder.device,
+                    holder.namespace,
+                    holder.name,
+                    holder.uid
+                )
+            })?;
+        let found_uid = found.and_then(|f| f.metadata.uid);
+        let is_live = found_uid.as_deref() == Some(holder.uid.as_str());
+        if !is_live {
+            tracing::warn!(
+                namespace = ?c.namespace, name = ?c.name, uid = ?c.uid,
+                device = %format!("{}/{}", holder.pool, holder.device),
+                holder = %format!("{}/{}", holder.namespace, holder.name),
+                holder_uid = %holder.uid,
+                found_uid = found_uid.as_deref().unwrap_or("none"),
+                "the checkpoint has this device prepared for another claim, which is gone or was \
+                 recreated: not refusing"
+            );
+        }
+        Ok(is_live)
+    }
+
     /// Unprepares each claim; unknown claims are a success.
     pub async fn unprepare(&self, claims: &[ClaimRef]) -> BTreeMap<String, Result<(), String>> {
         let mut state = self.state.lock().await;
@@ -395,7 +476,9 @@ impl Preparer {
 mod tests {
     use super::*;
     use crate::backend::fake::{FakeBackend, Profile};
-    use crate::claim::tests::{NOPE, U1, U2, U3, U4, U5, claim, gpus, with_config};
+    use crate::claim::tests::{
+        NOPE, U1, U2, U3, U4, U5, allocated_devices, claim, gpus, with_config,
+    };
     use crate::config::{SharingStrategy, TimeSliceInterval};
     use serde_json::json;
 
@@ -450,6 +533,16 @@ mod tests {
                 .lock()
                 .unwrap()
                 .insert(("ns".into(), name.into()), c);
+        }
+        /// Marks `uid`'s checkpoint entry `PrepareStarted`, as a crash in the middle of its
+        /// prepare leaves it (no preparer may be open).
+        fn crashed_while_preparing(&self, uid: &str) {
+            let path = self.cfg("b1").checkpoint_path;
+            let Loaded::Valid(mut data) = checkpoint::load(&path, "b1") else {
+                panic!("a valid checkpoint")
+            };
+            data.claims.get_mut(uid).unwrap().state = ClaimState::PrepareStarted;
+            checkpoint::store(&path, "b1", &data).unwrap();
         }
         fn spec_files(&self) -> Vec<String> {
             cdi::list_spec_claims(&self.dir.path().join("cdi"), "k8s.gpu.nvidia.com/claim").unwrap()
@@ -539,6 +632,207 @@ mod tests {
             p.checkpointed().await.claims.keys().collect::<Vec<_>>(),
             [U1]
         );
+    }
+
+    /// The claim with its one allocation result changed by `f`.
+    fn with_result(
+        mut c: ResourceClaim,
+        f: impl FnOnce(&mut k8s_openapi::api::resource::v1::DeviceRequestAllocationResult),
+    ) -> ResourceClaim {
+        f(&mut allocated_devices(&mut c).results.as_mut().unwrap()[0]);
+        c
+    }
+
+    /// What kubelet is told when `name` is refused because `holder` (UID `uid`) holds
+    /// node-a's `device`.
+    fn held(name: &str, device: &str, holder: &str, uid: &str) -> String {
+        format!(
+            "claim ns/{name}: device node-a/{device} is already prepared for claim ns/{holder} \
+             (UID {uid}), and the device does not allow multiple allocations and neither \
+             allocation has admin access; kubelet retries the prepare, which succeeds once \
+             ns/{holder} is unprepared"
+        )
+    }
+
+    #[tokio::test]
+    async fn a_device_prepared_for_another_live_claim_is_refused_naming_that_claim() {
+        let rig = Rig::new();
+        // Two schedulers racing gave gpu-1 to both a and b.
+        rig.add("a", claim(U1, "node-a", &[("gpu", "gpu-1")]));
+        rig.add("b", claim(U2, "node-a", &[("gpu", "gpu-1")]));
+        rig.add("c", claim(U3, "node-a", &[("gpu", "gpu-2")]));
+        let (p, _) = rig.open("b1");
+        let out = p.prepare(&[r(U1, "a"), r(U2, "b"), r(U3, "c")]).await;
+        assert!(out[U1].is_ok() && out[U3].is_ok(), "{out:?}");
+        assert_eq!(out[U2].as_ref().unwrap_err(), &held("b", "gpu-1", "a", U1));
+        // Nothing of b was done: no checkpoint entry, no CDI spec.
+        assert_eq!(rig.spec_files(), [U1, U3]);
+        assert_eq!(
+            p.checkpointed().await.claims.keys().collect::<Vec<_>>(),
+            [U1, U3]
+        );
+        // kubelet's retry is refused the same way while a runs; so is b after an agent
+        // restart, from the checkpoint.
+        assert_eq!(
+            p.prepare(&[r(U2, "b")]).await[U2].as_ref().unwrap_err(),
+            &held("b", "gpu-1", "a", U1)
+        );
+        drop(p);
+        let (p, _) = rig.open("b1");
+        assert_eq!(
+            p.prepare(&[r(U2, "b")]).await[U2].as_ref().unwrap_err(),
+            &held("b", "gpu-1", "a", U1)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_claim_that_only_started_preparing_holds_its_device_too() {
+        let rig = Rig::new();
+        rig.add("a", claim(U1, "node-a", &[("gpu", "gpu-1")]));
+        rig.add("b", claim(U2, "node-a", &[("gpu", "gpu-1")]));
+        {
+            let (p, _) = rig.open("b1");
+            assert!(p.prepare(&[r(U1, "a")]).await[U1].is_ok());
+        }
+        // The agent crashed while preparing a: its entry says PrepareStarted.
+        rig.crashed_while_preparing(U1);
+        let (p, _) = rig.open("b1");
+        assert_eq!(
+            p.prepare(&[r(U2, "b")]).await[U2].as_ref().unwrap_err(),
+            &held("b", "gpu-1", "a", U1)
+        );
+    }
+
+    #[tokio::test]
+    async fn the_refused_claim_is_prepared_once_the_other_is_unprepared() {
+        let rig = Rig::new();
+        rig.add("a", claim(U1, "node-a", &[("gpu", "gpu-1")]));
+        rig.add("b", claim(U2, "node-a", &[("gpu", "gpu-1")]));
+        let (p, _) = rig.open("b1");
+        assert!(p.prepare(&[r(U1, "a")]).await[U1].is_ok());
+        assert!(p.prepare(&[r(U2, "b")]).await[U2].is_err());
+        // a's pod is gone: kubelet unprepares a, then retries b.
+        assert!(p.unprepare(&[r(U1, "a")]).await[U1].is_ok());
+        let retried = p.prepare(&[r(U2, "b")]).await;
+        let devices = retried[U2].as_ref().unwrap();
+        assert_eq!(devices[0].device_name, "gpu-1");
+        assert_eq!(rig.spec_files(), [U2]);
+        // Now a is the one refused, naming b.
+        assert_eq!(
+            p.prepare(&[r(U1, "a")]).await[U1].as_ref().unwrap_err(),
+            &held("a", "gpu-1", "b", U2)
+        );
+    }
+
+    #[tokio::test]
+    async fn admin_access_shares_a_device_with_any_claim() {
+        let rig = Rig::new();
+        let admin = |uid: &str, device: &str, admin: bool| {
+            with_result(claim(uid, "node-a", &[("gpu", device)]), |r| {
+                r.admin_access = Some(admin)
+            })
+        };
+        rig.add("a", claim(U1, "node-a", &[("gpu", "gpu-1")]));
+        rig.add("monitor", admin(U2, "gpu-1", true));
+        rig.add("monitor-first", admin(U3, "gpu-2", true));
+        rig.add("after-monitor", claim(U4, "node-a", &[("gpu", "gpu-2")]));
+        rig.add("not-admin", admin(U5, "gpu-2", false));
+        let (p, _) = rig.open("b1");
+        // Admin access beside a claim prepared before, and a claim beside admin access
+        // prepared before: both share.
+        let out = p
+            .prepare(&[
+                r(U1, "a"),
+                r(U2, "monitor"),
+                r(U3, "monitor-first"),
+                r(U4, "after-monitor"),
+            ])
+            .await;
+        assert!(out.values().all(|r| r.is_ok()), "{out:?}");
+        // The checkpoint records it, for the next claim and for a restarted agent.
+        let data = p.checkpointed().await;
+        assert!(data.claims[U2].devices[0].admin_access);
+        assert!(!data.claims[U1].devices[0].admin_access);
+        // `adminAccess: false` is no admin access: refused beside after-monitor (the
+        // monitor beside it holds nothing).
+        assert_eq!(
+            p.prepare(&[r(U5, "not-admin")]).await[U5]
+                .as_ref()
+                .unwrap_err(),
+            &held("not-admin", "gpu-2", "after-monitor", U4)
+        );
+    }
+
+    #[tokio::test]
+    async fn shareids_do_not_share_a_device_the_agent_publishes_for_one_claim() {
+        let rig = Rig::new();
+        let shared = |uid: &str, share: &str| {
+            with_result(claim(uid, "node-a", &[("gpu", "gpu-1")]), |r| {
+                r.share_id = Some(share.into());
+                r.consumed_capacity = Some(
+                    [(
+                        "memory".to_string(),
+                        k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Gi".into()),
+                    )]
+                    .into(),
+                );
+            })
+        };
+        rig.add("a", shared(U1, "s1"));
+        rig.add("b", shared(U2, "s2"));
+        let (p, _) = rig.open("b1");
+        let out = p.prepare(&[r(U1, "a"), r(U2, "b")]).await;
+        assert!(out[U1].is_ok(), "{out:?}");
+        assert_eq!(out[U2].as_ref().unwrap_err(), &held("b", "gpu-1", "a", U1));
+        let recorded = &p.checkpointed().await.claims[U1].devices[0];
+        assert_eq!(recorded.share_id.as_deref(), Some("s1"));
+        assert_eq!(recorded.consumed_capacity["memory"], "1Gi");
+    }
+
+    #[tokio::test]
+    async fn an_entry_whose_claim_is_gone_or_recreated_does_not_block() {
+        let rig = Rig::new();
+        rig.add("a", claim(U1, "node-a", &[("gpu", "gpu-1")]));
+        rig.add("b", claim(U2, "node-a", &[("gpu", "gpu-1")]));
+        rig.add("c", claim(U3, "node-a", &[("gpu", "gpu-2")]));
+        rig.add("d", claim(U4, "node-a", &[("gpu", "gpu-2")]));
+        let (p, _) = rig.open("b1");
+        assert!(
+            p.prepare(&[r(U1, "a"), r(U3, "c")])
+                .await
+                .values()
+                .all(|r| r.is_ok())
+        );
+        // a was deleted, c deleted and created again under its name: kubelet has not
+        // unprepared them yet, but their pods are gone.
+        rig.claims
+            .lock()
+            .unwrap()
+            .remove(&("ns".to_string(), "a".to_string()));
+        rig.add("c", claim(NOPE, "node-a", &[("gpu", "gpu-3")]));
+        let out = p.prepare(&[r(U2, "b"), r(U4, "d")]).await;
+        assert!(out.values().all(|r| r.is_ok()), "{out:?}");
+        assert_eq!(rig.spec_files(), [U1, U2, U3, U4]);
+    }
+
+    #[tokio::test]
+    async fn preparing_the_same_claim_again_is_not_a_conflict() {
+        let rig = Rig::new();
+        rig.add(
+            "a",
+            claim(U1, "node-a", &[("gpu", "gpu-1"), ("gpu", "gpu-2")]),
+        );
+        let (p, _) = rig.open("b1");
+        let first = p.prepare(&[r(U1, "a")]).await;
+        assert!(first[U1].is_ok());
+        // kubelet asks again (after its own restart), twice in one call too.
+        assert_eq!(p.prepare(&[r(U1, "a")]).await, first);
+        assert_eq!(p.prepare(&[r(U1, "a"), r(U1, "a")]).await, first);
+        // A crash in the middle of a's prepare left its own entry: redone, not refused.
+        drop(p);
+        rig.crashed_while_preparing(U1);
+        let (p, _) = rig.open("b1");
+        assert_eq!(p.prepare(&[r(U1, "a")]).await, first);
     }
 
     #[tokio::test]
