@@ -21,7 +21,9 @@
 //! - the seed's rollout gotcha (issue #18), with kubelet terminating the old pods: the
 //!   replacement of a `kubectl rollout restart` waits for the A5000 and gets it; opted out,
 //!   it takes the T10, is reported degraded (gauge, condition) and the upgrade moves it to
-//!   the A5000; kube-scheduler's replacement gets the T10; an old pod that ignores SIGTERM
+//!   the A5000; kube-scheduler's replacement is refused the GPU in the chart's ownership
+//!   mode (the API server's message in its events) and, in shared mode, gets the T10; an
+//!   old pod that ignores SIGTERM
 //!   for 600 s is waited for until the bound, then the replacement takes the T10.
 //!
 //! What the test cluster lacks that a user's cluster has, the test supplies, and says so:
@@ -1697,10 +1699,42 @@ fn rollouts(e2e: &E2e<'_>, product: &dyn Fn(&str) -> String, scrape: &dyn Fn() -
     );
 
     // 3. The same rollout under kube-scheduler 1.37 (the template change hands the
-    // Deployment to it): the replacement gets the T10.
+    // Deployment to it). In the chart's ownership mode kube-scheduler may not allocate
+    // the agent's GPUs: its replacement stays Pending, told why by the API server's
+    // refusal. In shared mode (the policy removed, as `helm upgrade --set
+    // ownership.enabled=false` removes it) the replacement gets the T10.
     patch(
         r#"{"spec": {"template": {"metadata": {"annotations": null}, "spec": {"schedulerName": "default-scheduler"}}}}"#,
     );
+    let refused = wait("kube-scheduler's replacement refused the GPU", 120, || {
+        let pending = kube
+            .items(&["-n", NS, "get", "pods"])
+            .into_iter()
+            .find(|p| {
+                p["spec"]["schedulerName"] == "default-scheduler" && p["spec"]["nodeName"].is_null()
+            })?;
+        let claim = pending["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+            .as_str()?
+            .to_string();
+        events(&name(&pending), "FailedScheduling")
+            .into_iter()
+            .find(|m| m.contains("is allocated only by dra-scheduler here"))
+            .map(|m| (name(&pending), m, claim))
+    });
+    let claim = e2e.claims().into_iter().find(|c| name(c) == refused.2);
+    assert!(
+        claim.is_some_and(|c| c["status"]["allocation"].is_null()),
+        "{}'s claim {} holds no device",
+        refused.0,
+        refused.2
+    );
+    println!("ownership mode: {} Pending: {}", refused.0, refused.1);
+    for kind in [
+        "validatingadmissionpolicybinding",
+        "validatingadmissionpolicy",
+    ] {
+        kube.run(&["delete", kind, "dra-scheduler-device-ownership"]);
+    }
     let w = next("kube-scheduler's replacement", &[&z2.pod], 120);
     assert_eq!(product(&w.device), "NVIDIA T10", "{w:?}");
     rows.push((
