@@ -35,6 +35,7 @@ use dra_engine::plugins::volume_binding::{
 use dra_engine::{ClaimDecision, ObjectKey, Placement, VolumeDecision, claims};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 
+use super::bindings::Turn;
 use super::metrics::{Metrics, is_not_leader};
 use super::owners::{self, DeviceOwners};
 
@@ -387,11 +388,13 @@ pub async fn bind(
     client: &Client,
     metrics: &Metrics,
     owners: &DeviceOwners,
+    turn: &mut Turn,
     placement: &Placement,
 ) -> Result<Vec<ResourceClaim>, BindFailure> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &placement.pod.namespace);
     let mut written = Written::default();
-    let mut result = prebind(client, metrics, owners, &pods, placement, &mut written).await;
+    let checks = (owners, &mut *turn);
+    let mut result = prebind(client, metrics, checks, &pods, placement, &mut written).await;
     if result.is_ok() {
         result = create_binding(&pods, metrics, placement).await;
     }
@@ -407,6 +410,7 @@ pub async fn bind_group(
     client: &Client,
     metrics: &Metrics,
     owners: &DeviceOwners,
+    turn: &mut Turn,
     placements: &[Placement],
 ) -> Vec<Result<Vec<ResourceClaim>, BindFailure>> {
     let api = |p: &Placement| -> Api<Pod> { Api::namespaced(client.clone(), &p.pod.namespace) };
@@ -414,7 +418,8 @@ pub async fn bind_group(
     let mut failed: Option<(usize, String)> = None;
     for (i, placement) in placements.iter().enumerate() {
         let mut w = Written::default();
-        let result = prebind(client, metrics, owners, &api(placement), placement, &mut w).await;
+        let checks = (owners, &mut *turn);
+        let result = prebind(client, metrics, checks, &api(placement), placement, &mut w).await;
         written.push(w);
         if let Err(message) = result {
             failed = Some((i, message));
@@ -464,12 +469,12 @@ pub async fn bind_group(
 /// The writes before the binding, in kube-scheduler's order: volumes (and the wait for the
 /// PV controller), the claims, the pod's extended-resource claim status. Once the claims'
 /// allocations have landed, another scheduler's earlier allocation of one of their devices
-/// fails the binding ([`DeviceOwners::first_writer`]). `written` records what may have
-/// landed.
+/// fails the binding ([`DeviceOwners::first_writer`]); the task gives its `turn` to write
+/// up while it waits for the informer. `written` records what may have landed.
 async fn prebind<'a>(
     client: &Client,
     metrics: &Metrics,
-    owners: &DeviceOwners,
+    (owners, turn): (&DeviceOwners, &mut Turn),
     pods: &Api<Pod>,
     placement: &'a Placement,
     written: &mut Written<'a>,
@@ -492,15 +497,20 @@ async fn prebind<'a>(
         super::drop_managed_fields(&mut stored);
         written.stored.push(stored);
     }
-    if !allocated.is_empty()
-        && let Err(not_first) = owners
-            .first_writer(&allocated, owners::CATCH_UP_TIMEOUT)
-            .await
-    {
-        if matches!(not_first, owners::NotFirst::Earlier { .. }) {
-            metrics.first_writer_conflicts.inc();
+    if !allocated.is_empty() {
+        let waited = std::time::Instant::now();
+        let checked = turn
+            .away(owners.first_writer(&allocated, owners::CATCH_UP_TIMEOUT))
+            .await;
+        metrics
+            .first_writer_wait
+            .observe(waited.elapsed().as_secs_f64());
+        if let Err(not_first) = checked {
+            if matches!(not_first, owners::NotFirst::Earlier { .. }) {
+                metrics.first_writer_conflicts.inc();
+            }
+            return Err(not_first.to_string());
         }
-        return Err(not_first.to_string());
     }
     // kubelet learns from the pod's status which claim serves its extended resources and
     // which request serves each container; written before binding, as kube-scheduler does.

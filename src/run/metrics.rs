@@ -70,6 +70,9 @@ pub struct Metrics {
     /// Allocations this scheduler wrote and undid because another scheduler had written
     /// one of their devices first.
     pub first_writer_conflicts: prometheus::IntCounter,
+    /// How long a binding waited for the claim informer to show its own allocation
+    /// before the first-writer check, in seconds.
+    pub first_writer_wait: prometheus::Histogram,
     /// `clientQPS`/`clientBurst`: every write waits for a token first.
     throttle: Option<super::throttle::Throttle>,
     /// Every write asks it first: a replica that may no longer lead writes nothing.
@@ -237,7 +240,15 @@ impl Metrics {
             "Claim allocations written by this scheduler and undone because another scheduler had allocated one of their devices first",
         )?;
         registry.register(Box::new(doubled_devices.clone()))?;
+        let first_writer_wait = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "first_writer_wait_duration_seconds",
+                "Time a binding waited, after its claim allocations were written, until the claim informer showed them (the first-writer check then runs)",
+            )
+            .buckets(buckets::api_write()),
+        )?;
         registry.register(Box::new(first_writer_conflicts.clone()))?;
+        registry.register(Box::new(first_writer_wait.clone()))?;
         registry.register(Box::new(handoff_waits.clone()))?;
         registry.register(Box::new(handoff_waiting.clone()))?;
         registry.register(Box::new(degraded_pods.clone()))?;
@@ -283,6 +294,7 @@ impl Metrics {
             upgrade_evictions,
             doubled_devices,
             first_writer_conflicts,
+            first_writer_wait,
             throttle: None,
             fence: Arc::new(super::leader::Fence::open()),
         })

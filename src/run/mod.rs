@@ -13,6 +13,7 @@
 
 pub mod apis;
 pub mod binder;
+pub mod bindings;
 pub mod config;
 mod degraded;
 mod events;
@@ -49,7 +50,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Reporter};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
-use tokio::sync::{Semaphore, mpsc, watch as signal};
+use tokio::sync::{mpsc, watch as signal};
 
 use self::config::Config;
 use self::events::Recorder;
@@ -910,8 +911,7 @@ struct Daemon {
     informers: Informers,
     leading: bool,
     done: mpsc::UnboundedSender<Done>,
-    binds: Arc<Semaphore>,
-    max_concurrent_binds: usize,
+    bindings: bindings::Bindings,
     /// Who holds each device, from the claim informer: the binder's first-writer check
     /// and the report of doubled devices.
     owners: Arc<owners::DeviceOwners>,
@@ -948,6 +948,7 @@ impl Daemon {
             recorder: Arc::new(recorder(&client, config)),
             told: HashMap::new(),
         };
+        let owners: Arc<owners::DeviceOwners> = Arc::default();
         Ok(Daemon {
             watched_kinds: watched_kinds(&apis::ServedApis::current()),
             engine: Some(engine_for(config)),
@@ -971,9 +972,13 @@ impl Daemon {
             scheduler_name: config.scheduler_name.clone(),
             informers: Informers::default(),
             leading: false,
-            binds: Arc::new(Semaphore::new(config.max_concurrent_binds.max(1))),
-            max_concurrent_binds: config.max_concurrent_binds,
-            owners: Arc::default(),
+            bindings: bindings::Bindings::new(
+                client.clone(),
+                metrics.clone(),
+                owners.clone(),
+                config.max_concurrent_binds,
+            ),
+            owners,
             client,
             metrics,
             health,
@@ -1369,25 +1374,8 @@ impl Daemon {
             queued: self.queue.added_at(&key),
             attempt_seconds,
         };
-        let (client, done, binds, metrics, owners) = (
-            self.client.clone(),
-            self.done.clone(),
-            self.binds.clone(),
-            self.metrics.clone(),
-            self.owners.clone(),
-        );
-        tokio::spawn(async move {
-            let _permit = binds.acquire_owned().await;
-            let started = Instant::now();
-            // Boxed, so that a binding waiting for its permit holds only its placement: in
-            // a burst thousands wait, and the binding's own state is about 6.7 KB.
-            let result = Box::pin(binder::bind(&client, &metrics, &owners, &placement)).await;
-            metrics
-                .bind_latency
-                .with_label_values(&[if result.is_ok() { "ok" } else { "error" }])
-                .observe(started.elapsed().as_secs_f64());
-            let _ = done.send((placement, timing, result));
-        });
+        self.bindings
+            .spawn(vec![(placement, timing)], false, self.done.clone());
     }
 
     fn unschedulable(
@@ -1856,25 +1844,8 @@ impl Daemon {
         self.queue
             .cluster_event(ClusterEvent::AssignedPodAdded, Instant::now());
         self.metrics.in_flight.set(self.book.in_flight.len() as i64);
-        let (client, done, binds, metrics, owners) = (
-            self.client.clone(),
-            self.done.clone(),
-            self.binds.clone(),
-            self.metrics.clone(),
-            self.owners.clone(),
-        );
-        tokio::spawn(async move {
-            let _permit = binds.acquire_owned().await;
-            let started = Instant::now();
-            let results = binder::bind_group(&client, &metrics, &owners, &placements).await;
-            for ((placement, timing), result) in placements.into_iter().zip(timings).zip(results) {
-                metrics
-                    .bind_latency
-                    .with_label_values(&[if result.is_ok() { "ok" } else { "error" }])
-                    .observe(started.elapsed().as_secs_f64());
-                let _ = done.send((placement, timing, result));
-            }
-        });
+        let work = placements.into_iter().zip(timings).collect();
+        self.bindings.spawn(work, true, self.done.clone());
     }
 
     /// A binding task finished.
@@ -1954,11 +1925,7 @@ impl Daemon {
                 "the leader Lease was not renewed within the renew deadline: stopped scheduling; letting bindings in flight settle, then exiting"
             );
         }
-        let all = u32::try_from(self.max_concurrent_binds.max(1)).unwrap_or(u32::MAX);
-        let settle = async {
-            let _ = self.binds.acquire_many(all).await;
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(30), settle).await;
+        self.bindings.settled(Duration::from_secs(30)).await;
         election.stop().await;
         match ending {
             Ending::Shutdown => Ok(()),
@@ -2019,11 +1986,7 @@ async fn serve_endpoints(
 }
 
 /// A binding task's report: the placement, when its pod entered the queue, and the result.
-type Done = (
-    Placement,
-    Timing,
-    Result<Vec<ResourceClaim>, binder::BindFailure>,
-);
+type Done = bindings::Report<Timing>;
 
 /// What a placement's line and `pod_scheduling_duration_seconds` say once it is bound.
 #[derive(Clone, Copy, Debug)]

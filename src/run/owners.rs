@@ -146,6 +146,8 @@ struct Inner {
     claims: HashMap<ObjectKey, Holder>,
     /// The claims holding each device.
     holders: BTreeMap<DeviceId, Vec<ObjectKey>>,
+    /// How many devices have more than one holder.
+    doubled: usize,
     /// During a relist: the claims listed so far, and the highest version among them.
     listing: Option<(HashSet<ObjectKey>, u64)>,
     warned_unordered: bool,
@@ -227,11 +229,7 @@ impl DeviceOwners {
 
     /// How many devices more than one claim holds now.
     pub fn doubled_devices(&self) -> usize {
-        self.lock()
-            .holders
-            .values()
-            .filter(|claims| claims.len() > 1)
-            .count()
+        self.lock().doubled
     }
 
     /// The devices held by more than one claim, with every holder.
@@ -359,6 +357,9 @@ impl Inner {
                 });
             }
             claims.push(key.clone());
+            if claims.len() == 2 {
+                self.doubled += 1;
+            }
         }
         self.claims.insert(key, holder);
         doubled
@@ -370,7 +371,11 @@ impl Inner {
         };
         for device in &held.devices {
             if let Some(claims) = self.holders.get_mut(device) {
+                let before = claims.len();
                 claims.retain(|k| k != key);
+                if before == 2 && claims.len() == 1 {
+                    self.doubled -= 1;
+                }
                 if claims.is_empty() {
                     self.holders.remove(device);
                 }

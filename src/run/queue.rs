@@ -32,6 +32,11 @@ pub struct SchedulingQueue {
     pods: HashMap<ObjectKey, Entry>,
     /// Gated pods by the claim they wait for ([`Wake::Claim`]).
     awaiting: HashMap<ObjectKey, HashSet<ObjectKey>>,
+    /// The pods that cluster events may move: every unschedulable pod and every pod gated
+    /// until any change ([`Wake::AnyChange`]), and some that have moved on since (dropped
+    /// when next visited). Events come by the thousand in a burst, when few pods or none
+    /// wait: an event visits these, not every pod.
+    waiting: HashSet<ObjectKey>,
     next: u64,
 }
 
@@ -126,6 +131,7 @@ impl SchedulingQueue {
 
     /// The pod is gone or bound: forget it.
     pub fn remove(&mut self, key: &ObjectKey) {
+        self.waiting.remove(key);
         if let Some(e) = self.pods.remove(key) {
             self.active
                 .remove(&(Reverse(e.priority), e.arrival, key.clone()));
@@ -188,6 +194,7 @@ impl SchedulingQueue {
             e.place = Place::Unschedulable(now);
             e.rejected_by = rejected_by;
             e.failed_at = Some(now);
+            self.waiting.insert(key.clone());
         }
     }
 
@@ -232,26 +239,54 @@ impl SchedulingQueue {
         now: Instant,
         helps: impl Fn(&ObjectKey, &BTreeSet<&'static str>) -> bool,
     ) {
-        for (key, e) in self.pods.iter_mut() {
+        let Self {
+            pods,
+            active,
+            waiting,
+            ..
+        } = self;
+        waiting.retain(|key| {
+            let Some(e) = pods.get_mut(key) else {
+                return false;
+            };
             match e.place {
                 Place::Unschedulable(_) if helps(key, &e.rejected_by) => {
-                    Self::requeue(&mut self.active, key, e, now)
+                    Self::requeue(active, key, e, now);
+                    false
                 }
-                Place::Gated(Wake::AnyChange) => Self::activate(&mut self.active, key, e),
-                _ => {}
+                Place::Unschedulable(_) => true,
+                Place::Gated(Wake::AnyChange) => {
+                    Self::activate(active, key, e);
+                    false
+                }
+                _ => false,
             }
-        }
+        });
     }
 
     /// Move pods unschedulable for [`UNSCHEDULABLE_RETRY`] to the active queue.
     pub fn flush_unschedulable(&mut self, now: Instant) {
-        for (key, e) in self.pods.iter_mut() {
-            if let Place::Unschedulable(since) = e.place
-                && now.saturating_duration_since(since) >= UNSCHEDULABLE_RETRY
-            {
-                Self::activate(&mut self.active, key, e);
+        let Self {
+            pods,
+            active,
+            waiting,
+            ..
+        } = self;
+        waiting.retain(|key| {
+            let Some(e) = pods.get_mut(key) else {
+                return false;
+            };
+            match e.place {
+                Place::Unschedulable(since)
+                    if now.saturating_duration_since(since) >= UNSCHEDULABLE_RETRY =>
+                {
+                    Self::activate(active, key, e);
+                    false
+                }
+                Place::Unschedulable(_) | Place::Gated(Wake::AnyChange) => true,
+                _ => false,
             }
-        }
+        });
     }
 
     /// A claim the pod names does not exist yet, or its PodGroup is not ready: wait
@@ -264,8 +299,14 @@ impl SchedulingQueue {
         e.gated_since.get_or_insert(now);
         let old = std::mem::replace(&mut e.place, Place::Gated(wake.clone()));
         self.stop_awaiting(key, &old);
-        if let Wake::Claim(claim) = wake {
-            self.awaiting.entry(claim).or_default().insert(key.clone());
+        match wake {
+            Wake::Claim(claim) => {
+                self.awaiting.entry(claim).or_default().insert(key.clone());
+            }
+            Wake::AnyChange => {
+                self.waiting.insert(key.clone());
+            }
+            Wake::OwnUpdate => {}
         }
     }
 
